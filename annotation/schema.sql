@@ -1,0 +1,130 @@
+-- bradley store, schema version 1. The only schema; store.py applies it and later migrations.
+-- Ids are content-derived (see store.py: content_id), so the same text is one row however often it arrives.
+
+CREATE TABLE IF NOT EXISTS schema_version (
+    version INTEGER NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS prompts (
+    id       VARCHAR PRIMARY KEY,      -- content_id(text) or content_id(canonical messages JSON)
+    text     VARCHAR NOT NULL,         -- plain text; for conversations a rendering of the messages
+    messages JSON                      -- list of {"role","content"} when the prompt came as a conversation
+);
+
+CREATE TABLE IF NOT EXISTS responses (
+    id           VARCHAR PRIMARY KEY,  -- content_id(prompt_id, text)
+    prompt_id    VARCHAR NOT NULL,
+    text         VARCHAR NOT NULL,
+    source_model VARCHAR               -- which model wrote it, when known
+);
+
+-- Provenance: one row per ingested file, HTTP upload or labeling run.
+CREATE TABLE IF NOT EXISTS batches (
+    id            VARCHAR PRIMARY KEY,
+    seq           BIGINT NOT NULL UNIQUE,   -- increasing; snapshots are "every batch up to seq N"
+    source        VARCHAR NOT NULL,         -- file path, "http:/judgments", "rlaif:<constitution>", ...
+    sha256        VARCHAR NOT NULL,         -- of the raw content; the same sha256 is never ingested twice
+    rows_in       BIGINT NOT NULL,
+    rows_ok       BIGINT NOT NULL,
+    rows_rejected BIGINT NOT NULL,
+    created_at    TIMESTAMP NOT NULL DEFAULT current_timestamp
+);
+CREATE UNIQUE INDEX IF NOT EXISTS batches_sha256 ON batches (sha256);
+
+CREATE TABLE IF NOT EXISTS rejects (
+    batch_id VARCHAR NOT NULL,
+    line     BIGINT NOT NULL,           -- 1-based line (JSONL/CSV) or row number (JSON list, Parquet, HF)
+    reason   VARCHAR NOT NULL,          -- "field: what is wrong"
+    raw      VARCHAR                    -- the offending row as text, cut to 10k characters
+);
+
+-- One row per rater per comparison: the truth. Pairs are derived from it (view below).
+CREATE TABLE IF NOT EXISTS judgments (
+    id         VARCHAR PRIMARY KEY,     -- content_id(batch sha256, row number) unless the row carries an id
+    prompt_id  VARCHAR NOT NULL,
+    response_a VARCHAR NOT NULL,        -- response ids, in the order the rater saw them
+    response_b VARCHAR NOT NULL,
+    winner     VARCHAR NOT NULL CHECK (winner IN ('a', 'b', 'tie')),
+    strength   DOUBLE,                  -- optional confidence / margin given by the rater
+    rater      VARCHAR NOT NULL,        -- human:<id> | ai:<model>:<constitution>
+    source     VARCHAR NOT NULL,        -- input format: trl | hh | judgments | label-studio | rlaif | http
+    batch_id   VARCHAR NOT NULL,
+    created_at TIMESTAMP,
+    rationale  VARCHAR,
+    metadata   JSON,                    -- extra input columns, kept as they came
+    CHECK (response_a <> response_b)
+);
+
+-- Unpaired thumbs up/down (KTO).
+CREATE TABLE IF NOT EXISTS feedback (
+    id          VARCHAR PRIMARY KEY,
+    prompt_id   VARCHAR NOT NULL,
+    response_id VARCHAR NOT NULL,
+    label       BOOLEAN NOT NULL,
+    rater       VARCHAR NOT NULL,
+    batch_id    VARCHAR NOT NULL
+);
+
+-- What a training or report run read: a rater filter plus "every batch with seq <= max_batch_seq".
+CREATE TABLE IF NOT EXISTS snapshots (
+    id           VARCHAR PRIMARY KEY,
+    created_at   TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    filter       JSON NOT NULL,
+    n_judgments  BIGINT NOT NULL
+);
+
+CREATE TABLE IF NOT EXISTS models (
+    id          VARCHAR PRIMARY KEY,
+    kind        VARCHAR NOT NULL,       -- rm | dpo | ipo | kto | simpo | orpo
+    base_model  VARCHAR NOT NULL,
+    path        VARCHAR NOT NULL,
+    snapshot_id VARCHAR,
+    config      JSON,
+    metrics     JSON,
+    created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp
+);
+
+-- Reference-model log-probs, computed once per (reference model, chat template, response).
+CREATE TABLE IF NOT EXISTS ref_logps (
+    model_hash    VARCHAR NOT NULL,
+    template_hash VARCHAR NOT NULL,
+    response_id   VARCHAR NOT NULL,
+    logp          DOUBLE NOT NULL,      -- sum of log-probs over the response tokens
+    n_tokens      INTEGER NOT NULL,
+    PRIMARY KEY (model_hash, template_hash, response_id)
+);
+
+-- The judgments a snapshot reads: every batch up to max_seq (NULL: all) by raters whose id starts
+-- with rater_prefix (NULL: all). Views and exports read through this, so a snapshot replays exactly.
+CREATE OR REPLACE MACRO judgments_in(max_seq, rater_prefix) AS TABLE
+    SELECT j.*
+    FROM judgments j JOIN batches b ON b.id = j.batch_id
+    WHERE (max_seq IS NULL OR b.seq <= max_seq)
+      AND (rater_prefix IS NULL OR starts_with(j.rater, rater_prefix));
+
+-- Per (prompt, unordered response pair): the majority verdict over every rater's vote.
+-- A tie counts half to each side in p_chosen; an exact split keeps the lower id as "chosen" with p_chosen = 0.5.
+CREATE OR REPLACE MACRO pairs_in(max_seq, rater_prefix) AS TABLE
+    WITH votes AS (
+        SELECT prompt_id,
+               least(response_a, response_b)    AS lo,
+               greatest(response_a, response_b) AS hi,
+               count(*) FILTER (WHERE (winner = 'a' AND response_a < response_b)
+                                   OR (winner = 'b' AND response_b < response_a)) AS votes_lo,
+               count(*) FILTER (WHERE (winner = 'a' AND response_a > response_b)
+                                   OR (winner = 'b' AND response_b > response_a)) AS votes_hi,
+               count(*) FILTER (WHERE winner = 'tie') AS ties
+        FROM judgments_in(max_seq, rater_prefix)
+        GROUP BY prompt_id, lo, hi
+    )
+    SELECT prompt_id,
+           CASE WHEN votes_hi > votes_lo THEN hi ELSE lo END AS chosen_id,
+           CASE WHEN votes_hi > votes_lo THEN lo ELSE hi END AS rejected_id,
+           greatest(votes_lo, votes_hi) AS votes_chosen,
+           least(votes_lo, votes_hi)    AS votes_rejected,
+           ties,
+           votes_lo + votes_hi + ties   AS n_votes,
+           (greatest(votes_lo, votes_hi) + 0.5 * ties) / (votes_lo + votes_hi + ties) AS p_chosen
+    FROM votes;
+
+CREATE OR REPLACE VIEW pairs AS SELECT * FROM pairs_in(NULL, NULL);

@@ -1,0 +1,370 @@
+"""The preference store: one DuckDB file, the schema in schema.sql, and every SQL statement of bradley.
+
+Nothing outside this module writes SQL. Every query is parameterized; table names never come from input.
+
+    >>> store = Store(":memory:")
+    >>> store.schema_version()
+    1
+    >>> prompt_id("What is 2+2?") == prompt_id("What is 2+2?")
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+SCHEMA_PATH = Path(__file__).with_name("schema.sql")
+SCHEMA_VERSION = 1
+# version -> SQL that upgrades a store from version-1 to version. Append here; never edit a shipped entry.
+MIGRATIONS: dict[int, str] = {}
+
+TABLES = ("prompts", "responses", "judgments", "feedback", "batches", "rejects",
+          "snapshots", "models", "ref_logps")
+RATER_KINDS = {"human": "human:", "ai": "ai:"}
+ID_SEPARATOR = "\x1f"
+
+
+class StoreError(ValueError):
+    """A problem with the store that the user can fix; the message says how."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the DuckDB file (DuckDB allows one writer, and no reader beside it)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Content-derived ids. The SQL equivalent (for set-based ingest) is
+#   left(sha256(concat_ws(chr(31), part1, part2, ...)), 24)
+
+
+def content_id(*parts: str) -> str:
+    """24 hex characters of sha256 over the parts joined by the unit separator (0x1f)."""
+    return hashlib.sha256(ID_SEPARATOR.join(parts).encode("utf-8")).hexdigest()[:24]
+
+
+def canonical_json(value) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def prompt_id(prompt: str | Sequence[dict]) -> str:
+    """Id of a prompt given as text or as a list of {"role", "content"} messages."""
+    return content_id(prompt if isinstance(prompt, str) else canonical_json(list(prompt)))
+
+
+def response_id(prompt_key: str, text: str) -> str:
+    return content_id(prompt_key, text)
+
+
+def render_messages(messages: Sequence[dict]) -> str:
+    """Plain-text rendering of a conversation, used as prompts.text when no chat template applies."""
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
+
+
+def rater_prefix(raters: str | None) -> str | None:
+    """'human' -> 'human:', 'ai' -> 'ai:', anything else is used as a prefix as given; None keeps all."""
+    if raters is None or raters == "":
+        return None
+    return RATER_KINDS.get(raters, raters)
+
+
+@dataclass
+class BatchInfo:
+    id: str
+    seq: int
+    source: str
+    sha256: str
+    rows_in: int
+    rows_ok: int
+    rows_rejected: int
+
+
+class Store:
+    """One connection to one DuckDB file. Threads use `cursor()`; writes go through `write_batch`."""
+
+    def __init__(self, path: str | Path = "bradley.duckdb", read_only: bool = False):
+        self.path = str(path)
+        try:
+            self.con = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.IOException as exc:
+            raise _translate_io_error(self.path, exc) from None
+        if not read_only:
+            self._migrate()
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        """A cursor for another thread (DuckDB connections are not shared across threads)."""
+        return self.con.cursor()
+
+    @contextmanager
+    def transaction(self, con: duckdb.DuckDBPyConnection | None = None) -> Iterator:
+        con = con or self.con
+        con.execute("BEGIN TRANSACTION")
+        try:
+            yield con
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+        con.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        self.con.execute(SCHEMA_PATH.read_text())
+        row = self.con.execute("SELECT max(version) FROM schema_version").fetchone()
+        current = row[0]
+        if current is None:
+            self.con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
+            return
+        if current > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} has schema version {current}, newer than this bradley "
+                             f"({SCHEMA_VERSION}); upgrade bradley")
+        for version in range(current + 1, SCHEMA_VERSION + 1):
+            with self.transaction():
+                self.con.execute(MIGRATIONS[version])
+                self.con.execute("UPDATE schema_version SET version = ?", [version])
+
+    def schema_version(self) -> int:
+        return self.con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+
+    # -- batches and writes --------------------------------------------------------------------
+
+    def find_batch(self, sha256: str) -> BatchInfo | None:
+        row = self.con.execute(
+            "SELECT id, seq, source, sha256, rows_in, rows_ok, rows_rejected FROM batches "
+            "WHERE sha256 = ?", [sha256]).fetchone()
+        return BatchInfo(*row) if row else None
+
+    def write_batch(self, source: str, sha256: str, rows_in: int, tables: dict[str, pa.Table],
+                    rejects: Sequence[tuple[int, str, str]] = (), batch_id: str | None = None,
+                    con: duckdb.DuckDBPyConnection | None = None) -> BatchInfo:
+        """Write one batch atomically: its rows (prompts, responses, judgments, feedback as Arrow
+        tables whose columns are named like the table's) and its rejects (line, reason, raw).
+
+        Rows whose id already exists are skipped (content ids make that a no-op). Judgment and
+        feedback tables may omit `batch_id`; it is filled in.
+        """
+        with self.transaction(con) as cur:
+            info = self.begin_batch(cur, source, sha256, rows_in, batch_id)
+            for name in ("prompts", "responses", "judgments", "feedback"):
+                if name in tables and tables[name].num_rows:
+                    self.insert_rows(cur, name, _with_batch(tables[name], name, info.id))
+            self.insert_rejects(cur, info.id, rejects)
+            return self.finish_batch(cur, info)
+
+    def begin_batch(self, cur, source: str, sha256: str, rows_in: int,
+                    batch_id: str | None = None) -> BatchInfo:
+        """Inside an open transaction: claim the next batch seq and record the batch row."""
+        seq = cur.execute("SELECT coalesce(max(seq), 0) + 1 FROM batches").fetchone()[0]
+        info = BatchInfo(batch_id or uuid.uuid4().hex[:24], seq, source, sha256, rows_in, 0, 0)
+        cur.execute("INSERT INTO batches (id, seq, source, sha256, rows_in, rows_ok, rows_rejected) "
+                    "VALUES (?, ?, ?, ?, ?, 0, 0)", [info.id, seq, source, sha256, rows_in])
+        return info
+
+    def finish_batch(self, cur, info: BatchInfo) -> BatchInfo:
+        """Inside the same transaction: count what the batch wrote and rejected."""
+        ok = cur.execute(
+            "SELECT (SELECT count(*) FROM judgments WHERE batch_id = $1)"
+            " + (SELECT count(*) FROM feedback WHERE batch_id = $1)", [info.id]).fetchone()[0]
+        bad = cur.execute("SELECT count(*) FROM rejects WHERE batch_id = ?", [info.id]).fetchone()[0]
+        cur.execute("UPDATE batches SET rows_ok = ?, rows_rejected = ? WHERE id = ?", [ok, bad, info.id])
+        info.rows_ok, info.rows_rejected = ok, bad
+        return info
+
+    def insert_rows(self, cur, table: str, rows: pa.Table) -> None:
+        """INSERT OR IGNORE an Arrow table into one of the data tables, matching columns by name."""
+        if table not in ("prompts", "responses", "judgments", "feedback"):
+            raise StoreError(f"cannot bulk-insert into {table!r}")
+        columns = ", ".join(f'"{c}"' for c in rows.column_names if re.fullmatch(r"[a-z_]+", c))
+        cur.register("_bradley_rows", rows)
+        try:
+            cur.execute(f"INSERT OR IGNORE INTO {table} ({columns}) SELECT {columns} FROM _bradley_rows")
+        finally:
+            cur.unregister("_bradley_rows")
+
+    def insert_rejects(self, cur, batch_id: str, rejects: Iterable[tuple[int, str, str]]) -> None:
+        rows = [(batch_id, line, reason, (raw or "")[:10_000]) for line, reason, raw in rejects]
+        if rows:
+            cur.executemany("INSERT INTO rejects VALUES (?, ?, ?, ?)", rows)
+
+    def rejects(self, batch_id: str) -> list[tuple[int, str, str]]:
+        return self.con.execute("SELECT line, reason, raw FROM rejects WHERE batch_id = ? ORDER BY line",
+                                [batch_id]).fetchall()
+
+    def counts(self) -> dict[str, int]:
+        return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+                for t in (*TABLES, "pairs")}
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def create_snapshot(self, raters: str | None = None) -> str:
+        """Freeze what a run reads: the rater filter and the newest batch now in the store."""
+        prefix = rater_prefix(raters)
+        max_seq = self.con.execute("SELECT coalesce(max(seq), 0) FROM batches").fetchone()[0]
+        filt = {"rater_prefix": prefix, "max_batch_seq": max_seq}
+        n = self.con.execute("SELECT count(*) FROM judgments_in(?, ?)", [max_seq, prefix]).fetchone()[0]
+        snap = content_id(canonical_json(filt), uuid.uuid4().hex)
+        self.con.execute("INSERT INTO snapshots (id, filter, n_judgments) VALUES (?, ?, ?)",
+                         [snap, canonical_json(filt), n])
+        return snap
+
+    def snapshot_filter(self, snapshot_id: str | None = None, raters: str | None = None) -> tuple:
+        """(max_batch_seq, rater_prefix) for a snapshot id, or for 'everything now' with a rater filter."""
+        if snapshot_id is None:
+            return None, rater_prefix(raters)
+        row = self.con.execute("SELECT filter FROM snapshots WHERE id = ?", [snapshot_id]).fetchone()
+        if row is None:
+            raise StoreError(f"snapshot {snapshot_id!r} not found; list them with `bradley report`")
+        filt = json.loads(row[0])
+        return filt["max_batch_seq"], filt["rater_prefix"]
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def judgments(self, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
+        """Every judgment with its texts: prompt_id, prompt, messages, response_a/b ids and texts,
+        winner, strength, rater, source, created_at, rationale, metadata, in ingest order."""
+        return self._arrow("""
+            SELECT j.id, j.prompt_id, p.text AS prompt, p.messages, j.response_a, j.response_b,
+                   ra.text AS response_a_text, rb.text AS response_b_text,
+                   ra.source_model AS model_a, rb.source_model AS model_b,
+                   j.winner, j.strength, j.rater, j.source, j.batch_id, j.created_at, j.rationale,
+                   j.metadata
+            FROM judgments_in(?, ?) j
+            JOIN prompts p ON p.id = j.prompt_id
+            JOIN responses ra ON ra.id = j.response_a
+            JOIN responses rb ON rb.id = j.response_b
+            JOIN batches b ON b.id = j.batch_id
+            ORDER BY b.seq, j.id""", list(self.snapshot_filter(snapshot_id, raters)))
+
+    def verdict_arrays(self, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
+        """The compact form statistics need, without texts: prompt_id, response_a, response_b,
+        winner, rater, len_a, len_b (characters), model_a, model_b."""
+        return self._arrow("""
+            SELECT j.prompt_id, j.response_a, j.response_b, j.winner, j.rater,
+                   length(ra.text) AS len_a, length(rb.text) AS len_b,
+                   ra.source_model AS model_a, rb.source_model AS model_b
+            FROM judgments_in(?, ?) j
+            JOIN responses ra ON ra.id = j.response_a
+            JOIN responses rb ON rb.id = j.response_b""",
+            list(self.snapshot_filter(snapshot_id, raters)))
+
+    def pairs(self, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
+        """Resolved pairs: prompt_id, prompt, messages, chosen_id, rejected_id, chosen, rejected,
+        votes_chosen, votes_rejected, ties, n_votes, p_chosen (vote share, ties as half)."""
+        return self._arrow("""
+            SELECT v.prompt_id, p.text AS prompt, p.messages, v.chosen_id, v.rejected_id,
+                   c.text AS chosen, r.text AS rejected, v.votes_chosen, v.votes_rejected, v.ties,
+                   v.n_votes, v.p_chosen
+            FROM pairs_in(?, ?) v
+            JOIN prompts p ON p.id = v.prompt_id
+            JOIN responses c ON c.id = v.chosen_id
+            JOIN responses r ON r.id = v.rejected_id
+            ORDER BY v.prompt_id, v.chosen_id, v.rejected_id""",
+            list(self.snapshot_filter(snapshot_id, raters)))
+
+    def feedback(self, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
+        """Unpaired feedback with texts: prompt_id, prompt, messages, response_id, completion, label, rater."""
+        max_seq, prefix = self.snapshot_filter(snapshot_id, raters)
+        return self._arrow("""
+            SELECT f.prompt_id, p.text AS prompt, p.messages, f.response_id, r.text AS completion,
+                   f.label, f.rater
+            FROM feedback f JOIN batches b ON b.id = f.batch_id
+            JOIN prompts p ON p.id = f.prompt_id JOIN responses r ON r.id = f.response_id
+            WHERE ($1 IS NULL OR b.seq <= $1) AND ($2 IS NULL OR starts_with(f.rater, $2))
+            ORDER BY b.seq, f.id""", [max_seq, prefix])
+
+    def _arrow(self, query: str, params: list) -> pa.Table:
+        # A cursor of its own: DuckDB 2 refuses relation queries while an execute() result is open.
+        with self.con.cursor() as cur:
+            return cur.sql(query, params=params).to_arrow_table()
+
+    # -- models --------------------------------------------------------------------------------
+
+    def register_model(self, kind: str, base_model: str, path: str, snapshot_id: str | None,
+                       config: dict, metrics: dict, model_id: str | None = None) -> str:
+        model_id = model_id or f"{kind}-{uuid.uuid4().hex[:12]}"
+        self.con.execute(
+            "INSERT INTO models (id, kind, base_model, path, snapshot_id, config, metrics) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [model_id, kind, base_model, str(path), snapshot_id, canonical_json(config),
+             canonical_json(metrics)])
+        return model_id
+
+    def models(self) -> list[dict]:
+        cur = self.con.execute("SELECT id, kind, base_model, path, snapshot_id, config, metrics, "
+                               "created_at FROM models ORDER BY created_at")
+        names = [d[0] for d in cur.description]
+        return [_model_row(dict(zip(names, row))) for row in cur.fetchall()]
+
+    def model(self, model_id: str) -> dict:
+        for row in self.models():
+            if row["id"] == model_id:
+                return row
+        raise StoreError(f"model {model_id!r} not found; `GET /models` or the models table lists them")
+
+    # -- reference log-probs -------------------------------------------------------------------
+
+    def ref_logps(self, model_hash: str, template_hash: str,
+                  response_ids: Sequence[str]) -> dict[str, tuple[float, int]]:
+        """Cached (logp, n_tokens) for the response ids that have them."""
+        rows = self.con.execute(
+            "SELECT response_id, logp, n_tokens FROM ref_logps WHERE model_hash = ? "
+            "AND template_hash = ? AND list_contains(?, response_id)",
+            [model_hash, template_hash, list(response_ids)]).fetchall()
+        return {rid: (logp, n) for rid, logp, n in rows}
+
+    def put_ref_logps(self, model_hash: str, template_hash: str,
+                      rows: Iterable[tuple[str, float, int]]) -> None:
+        data = [(model_hash, template_hash, rid, float(lp), int(n)) for rid, lp, n in rows]
+        if data:
+            self.con.executemany("INSERT OR IGNORE INTO ref_logps VALUES (?, ?, ?, ?, ?)", data)
+
+
+def _with_batch(table: pa.Table, name: str, batch_id: str) -> pa.Table:
+    if name in ("judgments", "feedback") and "batch_id" not in table.column_names:
+        return table.append_column("batch_id", pa.array([batch_id] * table.num_rows, pa.string()))
+    return table
+
+
+def _model_row(row: dict) -> dict:
+    for key in ("config", "metrics"):
+        if isinstance(row.get(key), str):
+            row[key] = json.loads(row[key])
+    row["created_at"] = str(row["created_at"])
+    return row
+
+
+def _translate_io_error(path: str, exc: Exception) -> StoreError:
+    message = str(exc)
+    match = re.search(r"PID (\d+)", message)
+    if "lock" in message.lower() and match:
+        pid = match.group(1)
+        return StoreLockedError(
+            f"{path} is locked by another process (PID {pid}{_process_name(pid)}); DuckDB allows one "
+            f"writer: stop that process, or send the work through it with --server URL")
+    return StoreError(f"cannot open {path}: {message}")
+
+
+def _process_name(pid: str) -> str:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    except OSError:
+        return ""
+    return f": {cmd[:80]}" if cmd else ""

@@ -1,0 +1,289 @@
+"""`bradley` command line: argparse in front of the library; errors are translated here, once.
+
+Each subcommand is a pair: `_add_<name>(subparsers)` declares its arguments, `cmd_<name>(args)` calls
+the library and prints. Heavy imports (torch, transformers) happen inside the command that needs them,
+so `bradley --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+EXIT_ERROR = 1
+EXIT_UNAVAILABLE = 2
+
+
+class Unavailable(Exception):
+    """A subcommand that a later release provides."""
+
+
+def _open_store(args, read_only: bool = False):
+    from annotation.store import Store
+
+    return Store(args.db, read_only=read_only)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, default=str), flush=True)
+
+
+# --- ingest / export / simulate ---------------------------------------------------------------
+
+
+def _add_ingest(sub) -> None:
+    p = sub.add_parser("ingest", help="load labeled comparisons or feedback into the store")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="JSONL/JSON/CSV/Parquet (optionally .gz), a saved HF dataset folder, or hf:SPEC")
+    p.add_argument("--format", default="auto",
+                   choices=["auto", "trl", "hh", "judgments", "kto", "label-studio", "hf"])
+    p.add_argument("--on-error", default="abort", choices=["abort", "skip"],
+                   help="abort: a bad row writes nothing from that file; skip: store bad rows in rejects")
+    p.add_argument("--source-model", default=None, help="record this model as the author of responses")
+
+
+def cmd_ingest(args) -> int:
+    from annotation.ingest import ingest_file
+
+    status = 0
+    with _open_store(args) as store:
+        for path in args.files:
+            result = ingest_file(store, path, fmt=args.format, on_error=args.on_error,
+                                 progress=sys.stderr.isatty())
+            print(result.summary(), flush=True)
+            status = status or (EXIT_ERROR if result.failed else 0)
+    return status
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write resolved pairs or judgments out of the store")
+    p.add_argument("out", metavar="OUT")
+    p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"])
+    p.add_argument("--snapshot", default=None, help="reproduce exactly what a past run read")
+    p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
+
+
+def cmd_export(args) -> int:
+    from annotation.export import export
+
+    with _open_store(args, read_only=True) as store:
+        summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters)
+    _print_json(summary)
+    return 0
+
+
+def _add_simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="write synthetic judgments with known truth (+ OUT.truth.json)")
+    p.add_argument("out", metavar="OUT")
+    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--responses", type=int, default=4, help="responses per prompt")
+    p.add_argument("--raters", type=int, default=8)
+    p.add_argument("--length-bias", type=float, default=0.5,
+                   help="planted logistic coefficient on the standardized length difference")
+    p.add_argument("--cycle-rate", type=float, default=0.1,
+                   help="share of prompts where two rater groups judge by different criteria")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def cmd_simulate(args) -> int:
+    from annotation.simulate import SimulationConfig, simulate
+
+    config = SimulationConfig(prompts=args.prompts, responses=args.responses, raters=args.raters,
+                              length_bias=args.length_bias, cycle_rate=args.cycle_rate, seed=args.seed)
+    _print_json(simulate(args.out, config))
+    return 0
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="length bias, agreement, cycles and loss floors of the store")
+    p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
+    p.add_argument("--snapshot", default=None)
+    p.add_argument("--html", default=None, metavar="OUT")
+    p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument("--fail-on", default=None, metavar="RULES",
+                   help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05': exit 3 when crossed")
+
+
+def cmd_report(args) -> int:
+    from analysis import report
+
+    return report.run(args.db, raters=args.raters, snapshot_id=args.snapshot, html=args.html,
+                      json_out=args.json, fail_on=args.fail_on)
+
+
+# --- training and evaluation ------------------------------------------------------------------
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a reward model (rm) or a policy (po)")
+    kinds = p.add_subparsers(dest="kind", required=True)
+    rm = kinds.add_parser("rm", help="Bradley-Terry reward model")
+    po = kinds.add_parser("po", help="preference optimization: dpo, ipo, kto, simpo, orpo")
+    po.add_argument("--loss", required=True, choices=["dpo", "ipo", "kto", "simpo", "orpo"])
+    for q in (rm, po):
+        q.add_argument("--base-model", default="tiny", help="HF id, local folder, or 'tiny'")
+        q.add_argument("--out", default=None, help="output folder (default models/<id>)")
+        q.add_argument("--snapshot", default=None)
+        q.add_argument("--raters", default=None)
+        q.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+        q.add_argument("--epochs", type=float, default=1.0)
+        q.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps")
+        q.add_argument("--batch-size", type=int, default=8)
+        q.add_argument("--grad-accum", type=int, default=1)
+        q.add_argument("--lr", type=float, default=None)
+        q.add_argument("--max-length", type=int, default=512)
+        q.add_argument("--seed", type=int, default=0)
+        q.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
+    rm.add_argument("--soft-labels", action="store_true", help="train on vote shares p̂, not majorities")
+    rm.add_argument("--margin", action="store_true", help="use judgment strength as a BT margin")
+    rm.add_argument("--center", type=float, default=0.0, help="reward-centering coefficient λ")
+    po.add_argument("--beta", type=float, default=0.1)
+    po.add_argument("--gamma", type=float, default=0.5, help="SimPO target margin")
+    po.add_argument("--lambda", dest="lam", type=float, default=0.1, help="ORPO odds-ratio weight")
+    po.add_argument("--label-smoothing", type=float, default=0.0)
+
+
+def cmd_train(args) -> int:
+    from rm import train
+
+    metrics = train.run_from_args(args)
+    if metrics is not None:  # None on non-zero ranks under torchrun
+        _print_json(metrics)
+    return 0
+
+
+def _add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="accuracy, calibration and length correlation of a reward model")
+    p.add_argument("model", metavar="MODEL", help="model id in the store or a model folder")
+    p.add_argument("--data", default=None, help="prompt/chosen/rejected rows or LLMBar JSON")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def cmd_eval(args) -> int:
+    from rm import evaluate
+
+    _print_json(evaluate.run_from_args(args))
+    return 0
+
+
+# --- serving and the rest ---------------------------------------------------------------------
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="HTTP service: /score, uploads, reports, metrics")
+    p.add_argument("--host", default=None, help="default 127.0.0.1")
+    p.add_argument("--port", type=int, default=None, help="default 8000")
+    p.add_argument("--model", default=None, help="model id in the store or a model folder")
+    p.add_argument("--read-only", action="store_true", help="serve scores only; refuse writes")
+
+
+def cmd_serve(args) -> int:
+    from service import app
+
+    return app.serve_from_args(args)
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help="prepare a ready base model offline and print its folder")
+    actions = p.add_subparsers(dest="action", required=True)
+    prep = actions.add_parser("prepare", help="tiny | minilm | smollm2")
+    prep.add_argument("name", choices=["tiny", "minilm", "smollm2"])
+    prep.add_argument("--out", default=None)
+    actions.add_parser("list", help="models registered in the store")
+
+
+def cmd_models(args) -> int:
+    if args.action == "list":
+        with _open_store(args, read_only=True) as store:
+            for row in store.models():
+                _print_json(row)
+        return 0
+    from rm import prepare
+
+    print(prepare.prepare(args.name, out=args.out), flush=True)
+    return 0
+
+
+def _add_label(sub) -> None:
+    p = sub.add_parser("label", help="RLAIF: an LLM judge labels pairs against a constitution")
+    p.add_argument("--constitution", required=True)
+    p.add_argument("--judge", required=True, help="local:PATH | openai:URL")
+    p.add_argument("--pairs", default="unlabeled", choices=["unlabeled", "all"])
+
+
+def cmd_label(args) -> int:
+    raise Unavailable("bradley label (RLAIF) is not yet available in this release")
+
+
+def _add_label_studio(sub) -> None:
+    p = sub.add_parser("label-studio", help="set up, push to and pull from a Label Studio server")
+    p.add_argument("action", choices=["setup", "push", "pull"])
+
+
+def cmd_label_studio(args) -> int:
+    raise Unavailable("bradley label-studio is not yet available in this release; "
+                      "ingest a Label Studio JSON export with `bradley ingest --format label-studio`")
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="simulate → ingest → report → train a small RM → serve → score")
+    p.add_argument("--workdir", default="demo", help="folder for the demo's files")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def cmd_demo(args) -> int:
+    from service import demo
+
+    return demo.run(args.workdir, db=args.db, seed=args.seed)
+
+
+COMMANDS: dict[str, tuple[Callable, Callable]] = {
+    "ingest": (_add_ingest, cmd_ingest),
+    "export": (_add_export, cmd_export),
+    "simulate": (_add_simulate, cmd_simulate),
+    "report": (_add_report, cmd_report),
+    "train": (_add_train, cmd_train),
+    "eval": (_add_eval, cmd_eval),
+    "label": (_add_label, cmd_label),
+    "label-studio": (_add_label_studio, cmd_label_studio),
+    "serve": (_add_serve, cmd_serve),
+    "models": (_add_models, cmd_models),
+    "demo": (_add_demo, cmd_demo),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="bradley", description=__doc__.splitlines()[0])
+    parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
+                        help="DuckDB store (env BRADLEY_DB; default bradley.duckdb)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = COMMANDS[args.command][1]
+    try:
+        return handler(args) or 0
+    except Unavailable as exc:
+        print(f"bradley {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (ValueError, OSError) as exc:  # library errors name the fix; no traceback for bad input
+        print(f"bradley {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"bradley {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
