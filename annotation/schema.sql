@@ -51,8 +51,9 @@ CREATE TABLE IF NOT EXISTS judgments (
     batch_id   VARCHAR NOT NULL,
     created_at TIMESTAMP,
     rationale  VARCHAR,
-    metadata   JSON,                    -- extra input columns, kept as they came
-    CHECK (response_a <> response_b)
+    metadata   JSON                     -- extra input columns, kept as they came
+    -- response_a = response_b is allowed: two models can write the same text and the vote is still
+    -- real (MT-Bench has such ties). Pairs and verdict arrays leave these self-comparisons out.
 );
 
 -- Unpaired thumbs up/down (KTO).
@@ -115,6 +116,7 @@ CREATE OR REPLACE MACRO pairs_in(max_seq, rater_prefix) AS TABLE
                                    OR (winner = 'b' AND response_b > response_a)) AS votes_hi,
                count(*) FILTER (WHERE winner = 'tie') AS ties
         FROM judgments_in(max_seq, rater_prefix)
+        WHERE response_a <> response_b
         GROUP BY prompt_id, lo, hi
     )
     SELECT prompt_id,

@@ -1,0 +1,378 @@
+"""Row formats: turn one input row (a dict) into staged judgment or feedback rows, or say what is wrong.
+
+Formats (DESIGN.md vocabulary): `judgments` (prompt, response_a, response_b, winner, rater, ...),
+`trl` (prompt, chosen, rejected; strings or conversational message lists), `hh` (TRL rows with an
+implicit prompt: chosen/rejected are whole transcripts), `kto` (prompt, completion, label) and
+`label-studio` (a pairwise project's JSON, JSON_MIN or CSV export). `detect_format` picks one from
+the columns. A TRL pair becomes one judgment with response_a = chosen and winner = "a".
+
+The hh-rlhf prompt is the shared prefix up to and including the last "\\n\\nAssistant:":
+
+    >>> split_transcripts("\\n\\nHuman: hi\\n\\nAssistant: hello", "\\n\\nHuman: hi\\n\\nAssistant: go away")
+    ('\\n\\nHuman: hi\\n\\nAssistant:', 'hello', 'go away')
+    >>> rows = normalize("trl", {"prompt": "2+2?", "chosen": "4", "rejected": "5"}, 1)
+    >>> rows[0][1]["response_a"], rows[0][1]["winner"], rows[0][1]["rater"]
+    ('4', 'a', 'human:anonymous')
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+import pyarrow as pa
+
+from annotation.store import canonical_json, content_id, render_messages
+
+ANONYMOUS = "human:anonymous"
+RATER_PREFIXES = ("human:", "ai:")
+WINNERS = ("a", "b", "tie")
+HH_MARKER = "\n\nAssistant:"
+LS_CONTROL = "comparison"  # the <Pairwise name="comparison"> control of bradley's Label Studio project
+LS_SELECTED = {"left": "a", "right": "b"}
+
+JUDGMENT_SCHEMA = pa.schema([
+    ("row", pa.int64()), ("id", pa.string()), ("prompt", pa.string()), ("messages", pa.string()),
+    ("response_a", pa.string()), ("response_b", pa.string()), ("model_a", pa.string()),
+    ("model_b", pa.string()), ("winner", pa.string()), ("strength", pa.float64()),
+    ("rater", pa.string()), ("source", pa.string()), ("created_at", pa.timestamp("us")),
+    ("rationale", pa.string()), ("metadata", pa.string())])
+FEEDBACK_SCHEMA = pa.schema([
+    ("row", pa.int64()), ("id", pa.string()), ("prompt", pa.string()), ("messages", pa.string()),
+    ("completion", pa.string()), ("model", pa.string()), ("label", pa.bool_()),
+    ("rater", pa.string())])
+SCHEMAS = {"judgments": JUDGMENT_SCHEMA, "feedback": FEEDBACK_SCHEMA}
+
+# Columns a format understands; everything else in a row is kept in judgments.metadata.
+# model_a / model_b also stay in metadata: they set responses.source_model, but one text can come from
+# several models (MT-Bench has such), and the vote should still say which two models it compared.
+JUDGMENT_KEYS = {"id", "prompt", "messages", "response_a", "response_b", "winner", "strength", "rater",
+                 "source", "created_at", "rationale", "metadata"}
+TRL_KEYS = {"id", "prompt", "messages", "chosen", "rejected", "rater", "source", "created_at",
+            "strength", "rationale", "metadata"}
+
+
+class RowError(ValueError):
+    """One row is wrong: `field` and what is wrong with it."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+
+
+# --- detection --------------------------------------------------------------------------------
+
+# First match wins: the columns a format needs.
+SIGNATURES: list[tuple[frozenset, str]] = [
+    (frozenset({"annotations", "data"}), "label-studio"),
+    (frozenset({"annotation_id", "annotator"}), "label-studio"),
+    (frozenset({"response_a", "response_b", "winner"}), "judgments"),
+    (frozenset({"completion", "label"}), "kto"),
+    (frozenset({"prompt", "chosen", "rejected"}), "trl"),
+    (frozenset({"chosen", "rejected"}), "hh"),
+]
+
+
+def detect_format(columns) -> str:
+    """The row format whose required columns are all present.
+
+    >>> detect_format(["chosen", "rejected"]), detect_format(["prompt", "completion", "label"])
+    ('hh', 'kto')
+    """
+    names = set(columns)
+    for needed, fmt in SIGNATURES:
+        if needed <= names:
+            return fmt
+    raise ValueError(f"cannot tell the format from the columns {sorted(names)[:12]}: expected "
+                     "prompt/response_a/response_b/winner (judgments), prompt/chosen/rejected (trl), "
+                     "chosen/rejected (hh), prompt/completion/label (kto) or a Label Studio export; "
+                     "pass --format")
+
+
+# --- field parsers ----------------------------------------------------------------------------
+
+
+def text(row: dict, field: str, empty_ok: bool = False) -> str:
+    value = row.get(field)
+    if value is None or (value == "" and not empty_ok):
+        raise RowError(field, "missing or empty")
+    if not isinstance(value, str):
+        raise RowError(field, f"expected text, got {type(value).__name__}")
+    return value
+
+
+def optional_text(row: dict, field: str) -> str | None:
+    value = row.get(field)
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def messages(value, field: str) -> list[dict]:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise RowError(field, "not a JSON list of messages") from None
+    if not isinstance(value, list) or not value:
+        raise RowError(field, "expected a non-empty list of {role, content} messages")
+    for m in value:
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                and isinstance(m.get("content"), str)):
+            raise RowError(field, f"each message needs string 'role' and 'content', got {m!r:.80}")
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def prompt_fields(row: dict) -> tuple[str, str | None]:
+    """(prompt text, canonical messages JSON or None); a `messages` column wins over `prompt`."""
+    if row.get("messages") not in (None, ""):
+        msgs = messages(row["messages"], "messages")
+        return render_messages(msgs), canonical_json(msgs)
+    value = row.get("prompt")
+    if isinstance(value, list):
+        msgs = messages(value, "prompt")
+        return render_messages(msgs), canonical_json(msgs)
+    return text(row, "prompt"), None
+
+
+def response(row: dict, field: str) -> str:
+    """A response as text, or as a conversational list holding exactly one assistant message."""
+    value = row.get(field)
+    if isinstance(value, list):
+        msgs = messages(value, field)
+        if len(msgs) != 1 or msgs[0]["role"] != "assistant":
+            raise RowError(field, "a conversational response must be one assistant message")
+        return msgs[0]["content"]
+    return text(row, field, empty_ok=True)  # a model can answer nothing; the vote still counts
+
+
+def rater(row: dict, field: str = "rater") -> str:
+    """`human:<id>` | `ai:<model>:<constitution>`; a bare id means a human; none means anonymous."""
+    value = optional_text(row, field)
+    if value is None:
+        return ANONYMOUS
+    return value if value.startswith(RATER_PREFIXES) else f"human:{value}"
+
+
+def strength(row: dict) -> float | None:
+    value = row.get("strength")
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise RowError("strength", "expected a number, got a boolean")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RowError("strength", f"expected a number, got {value!r:.40}") from None
+    if not math.isfinite(number):
+        raise RowError("strength", "must be a finite number")
+    return number
+
+
+def timestamp(row: dict, field: str = "created_at") -> datetime | None:
+    """ISO 8601; an offset is converted to UTC (stored without zone)."""
+    value = row.get(field)
+    if value is None or value == "" or isinstance(value, datetime):
+        return value or None
+    try:
+        stamp = datetime.fromisoformat(str(value))
+    except ValueError:
+        raise RowError(field, f"expected an ISO 8601 time such as 2024-05-01T12:00:00Z, got {value!r:.40}"
+                       ) from None
+    return stamp.astimezone(timezone.utc).replace(tzinfo=None) if stamp.tzinfo else stamp
+
+
+def label(row: dict) -> bool:
+    value = row.get("label")
+    if isinstance(value, bool):
+        return value
+    words = {"true": True, "1": True, "false": False, "0": False}
+    key = str(value).strip().lower() if isinstance(value, (str, int)) else None
+    if key not in words:
+        raise RowError("label", f"expected true or false, got {value!r:.40}")
+    return words[key]
+
+
+def metadata(row: dict, known: set) -> str | None:
+    """Unknown columns and a `metadata` object (which wins on a clash, so an export reads back as it
+    was) as canonical JSON; empty values are dropped."""
+    extra = {k: v for k, v in row.items() if k not in known and v is not None and v != ""}
+    given = row.get("metadata")
+    if isinstance(given, str) and given:
+        try:
+            given = json.loads(given)
+        except json.JSONDecodeError:
+            raise RowError("metadata", "not valid JSON") from None
+    if isinstance(given, dict):
+        extra = {**extra, **given}
+    return canonical_json(extra) if extra else None
+
+
+# --- formats ----------------------------------------------------------------------------------
+
+
+def judgment(row: dict, fmt: str, a: str, b: str, winner: str, known: set, **given) -> dict:
+    prompt, msgs = prompt_fields(row)
+    staged = {"id": optional_text(row, "id"), "prompt": prompt, "messages": msgs,
+              "response_a": a, "response_b": b, "model_a": optional_text(row, "model_a"),
+              "model_b": optional_text(row, "model_b"), "winner": winner,
+              "strength": strength(row), "rater": rater(row),
+              "source": optional_text(row, "source") or fmt, "created_at": timestamp(row),
+              "rationale": optional_text(row, "rationale"), "metadata": metadata(row, known)}
+    return {**staged, **given}
+
+
+def judgment_rows(row: dict, fmt: str) -> list[tuple[str, dict]]:
+    winner = row.get("winner")
+    if winner is None:
+        raise RowError("winner", "missing; expected a, b or tie")
+    if winner not in WINNERS:
+        raise RowError("winner", f"{winner!r:.40} is not one of a, b, tie")
+    a, b = response(row, "response_a"), response(row, "response_b")
+    return [("judgments", judgment(row, fmt, a, b, winner, JUDGMENT_KEYS))]
+
+
+def trl_rows(row: dict, fmt: str) -> list[tuple[str, dict]]:
+    if row.get("prompt") in (None, "") and row.get("messages") in (None, ""):
+        return hh_rows(row, fmt)
+    chosen, rejected = response(row, "chosen"), response(row, "rejected")
+    if chosen == rejected:  # a judgment may record a tie of equal texts; a pair claims a preference
+        raise RowError("rejected", "same text as chosen, so the row states no preference")
+    return [("judgments", judgment(row, fmt, chosen, rejected, "a", TRL_KEYS))]
+
+
+def hh_rows(row: dict, fmt: str) -> list[tuple[str, dict]]:
+    """Implicit prompt: text transcripts (hh-rlhf) or full conversations."""
+    chosen, rejected = row.get("chosen"), row.get("rejected")
+    if isinstance(chosen, list) and isinstance(rejected, list):
+        prompt, a, b = split_conversations(messages(chosen, "chosen"), messages(rejected, "rejected"))
+    else:
+        prompt, a, b = split_transcripts(text(row, "chosen"), text(row, "rejected"))
+    return trl_rows({**row, "prompt": prompt, "chosen": a, "rejected": b}, fmt)
+
+
+def split_transcripts(chosen: str, rejected: str) -> tuple[str, str, str]:
+    cut = chosen.rfind(HH_MARKER)
+    if cut < 0:
+        raise RowError("chosen", f"no {HH_MARKER!r} turn, so no prompt can be split off")
+    end = cut + len(HH_MARKER)
+    if rejected.rfind(HH_MARKER) != cut or rejected[:end] != chosen[:end]:
+        raise RowError("rejected", "the transcript differs from chosen before the last assistant "
+                       "turn, so there is no shared prompt")
+    return chosen[:end], _strip_one_space(chosen[end:]), _strip_one_space(rejected[end:])
+
+
+def _strip_one_space(s: str) -> str:
+    return s[1:] if s.startswith(" ") else s
+
+
+def split_conversations(chosen: list, rejected: list) -> tuple[list, list, list]:
+    if chosen[-1]["role"] != "assistant" or rejected[-1]["role"] != "assistant":
+        raise RowError("chosen", "a conversation must end with the assistant message being compared")
+    if len(chosen) < 2 or chosen[:-1] != rejected[:-1]:
+        raise RowError("rejected", "the conversation differs from chosen before the last assistant "
+                       "message, so there is no shared prompt")
+    return chosen[:-1], [chosen[-1]], [rejected[-1]]
+
+
+def kto_rows(row: dict, fmt: str) -> list[tuple[str, dict]]:
+    prompt, msgs = prompt_fields(row)
+    return [("feedback", {"id": optional_text(row, "id"), "prompt": prompt, "messages": msgs,
+                          "completion": response(row, "completion"),
+                          "model": optional_text(row, "model"), "label": label(row),
+                          "rater": rater(row)})]
+
+
+def label_studio_rows(task: dict, fmt: str) -> list[tuple[str, dict] | RowError]:
+    """A task of the JSON export (each annotation is one judgment) or a JSON_MIN / CSV row."""
+    if "annotations" not in task:
+        try:
+            result = _ls_flat_result(task)
+        except RowError as exc:
+            return [exc]
+        flat = {"completed_by": task.get("annotator"), "id": task.get("annotation_id"),
+                "created_at": task.get("created_at"), "result": result}
+        task = {"id": task.get("id"), "data": task, "annotations": [flat]}
+    data = task.get("data") if isinstance(task.get("data"), dict) else {}
+    pair = {"prompt": data.get("prompt"), "response_a": data.get("answer1"),
+            "response_b": data.get("answer2")}
+    out = []
+    for ann in task.get("annotations") or []:
+        try:
+            row = {**pair, "winner": _ls_winner(ann.get("result")),
+                   "rater": f"human:{ann.get('completed_by')}", "created_at": ann.get("created_at"),
+                   "id": content_id("label-studio", str(ann.get("id"))),
+                   "metadata": {"task_id": task.get("id"), "annotation_id": ann.get("id")}}
+            out.extend(judgment_rows(row, fmt))
+        except RowError as exc:
+            out.append(exc)
+    return out
+
+
+def _ls_flat_result(row: dict) -> list:
+    value = row.get(LS_CONTROL)
+    if isinstance(value, str) and value:
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            raise RowError(LS_CONTROL, "not valid JSON") from None
+    return [{"from_name": LS_CONTROL, "type": "pairwise", "value": v} for v in value or []]
+
+
+def _ls_winner(result) -> str:
+    results = [r for r in result or [] if isinstance(r, dict)]
+    ours = [r for r in results if r.get("from_name") == LS_CONTROL]
+    if not ours:
+        names = sorted({str(r.get("from_name")) for r in results}) or ["none"]
+        raise RowError("result.from_name", f"no result from the {LS_CONTROL!r} control (got "
+                       f"{', '.join(names)}); was the project set up by bradley?")
+    selected = (ours[0].get("value") or {}).get("selected")
+    if selected not in LS_SELECTED:
+        raise RowError("result.value.selected", f"{selected!r:.20} is not 'left' or 'right'")
+    return LS_SELECTED[selected]
+
+
+# --- content ids of staged rows ----------------------------------------------------------------
+
+STAGED_RESPONSES = {"judgments": {"rid_a": "response_a", "rid_b": "response_b"},
+                    "feedback": {"rid": "completion"}}
+
+
+def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
+    """Staged rows plus their content ids (store.content_id): pid over the prompt key (text, or the
+    canonical messages JSON), rid_a/rid_b (or rid) over (prompt key, text), and jid: the row's own id,
+    else (batch sha256, row number). Pure Python, so a reader thread can hash while DuckDB writes.
+
+    >>> t = pa.Table.from_pylist([{"row": 1, "prompt": "p", "response_a": "x", "response_b": "y"}],
+    ...                          schema=JUDGMENT_SCHEMA)
+    >>> with_ids("judgments", t, "s").column("rid_a")[0].as_py() == content_id("p", "x")
+    True
+    """
+    keys = [m if m is not None else p for p, m in zip(staged.column("prompt").to_pylist(),
+                                                      staged.column("messages").to_pylist(), strict=True)]
+    known: dict[str, str] = {}  # many rows share a prompt
+    ids = {"pid": [known.get(k) or known.setdefault(k, content_id(k)) for k in keys]}
+    for name, column in STAGED_RESPONSES[kind].items():
+        texts = staged.column(column).to_pylist()
+        ids[name] = [content_id(k, t) for k, t in zip(keys, texts, strict=True)]
+    ids["jid"] = [given if given is not None else content_id(sha256, str(row)) for given, row in
+                  zip(staged.column("id").to_pylist(), staged.column("row").to_pylist(), strict=True)]
+    for name, values in ids.items():
+        staged = staged.append_column(name, pa.array(values, pa.string()))
+    return staged
+
+
+FORMATS: dict[str, Callable] = {"judgments": judgment_rows, "trl": trl_rows, "hh": hh_rows,
+                                "kto": kto_rows, "label-studio": label_studio_rows}
+
+
+def normalize(fmt: str, row: dict, row_number: int) -> list[tuple[str, dict] | RowError]:
+    """Staged rows (kind, values incl. `row`) for one input row; a RowError where it is wrong."""
+    try:
+        items = FORMATS[fmt](row, fmt)
+    except RowError as exc:
+        return [exc]
+    return [item if isinstance(item, RowError) else (item[0], {**item[1], "row": row_number})
+            for item in items]

@@ -1,0 +1,300 @@
+"""File readers for ingest: what kind of file a path is, its sha256, and its rows two ways.
+
+A source is split into parts (one per file; one per split of a saved `datasets.DatasetDict`). Each part
+reads its rows either as Arrow record batches (the fast, columnar path: JSONL, CSV, Parquet, HF) or as
+`Record`s, one Python dict per row with its line number (the precise path that names FILE:LINE).
+Both paths number rows the same way: the 1-based ordinal of the row in the source, blank lines skipped.
+`read_ahead` runs a chunk producer in a thread so reading and hashing overlap DuckDB's writes.
+
+    >>> import tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "x.jsonl")
+    >>> _ = open(path, "w").write('{"a": 1}\\n\\n{"a": 2}\\n')
+    >>> [(r.row, r.line, r.value) for part in open_parts(path) for r in part.records()]
+    [(1, 1, {'a': 1}), (2, 3, {'a': 2})]
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gzip
+import hashlib
+import io
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from queue import Empty, Queue
+
+import pyarrow as pa
+
+GZIP_MAGIC = b"\x1f\x8b"
+PARQUET_MAGIC = b"PAR1"
+BATCH_BYTES = 8 << 20  # JSON/CSV block size: ~5k rows of ~1.5 kB per chunk, bounded memory
+BATCH_ROWS = 20_000
+HASH_BLOCK = 8 << 20
+
+
+class ReadError(ValueError):
+    """The file cannot be read at all (missing, unknown type); the message says what to pass instead."""
+
+
+@dataclass
+class Record:
+    """One row: its ordinal, the line it starts on, the parsed value (or None) and why it failed."""
+
+    row: int
+    line: int
+    value: dict | None
+    raw: str
+    problem: str | None = None  # "field: what is wrong" when the row could not be parsed
+
+
+@dataclass
+class Part:
+    name: str                                        # shown in messages as FILE
+    batches: Callable[[], Iterator[pa.RecordBatch]]  # raises ArrowInvalid / NotImplementedError
+    records: Callable[[], Iterator[Record]]
+
+
+def open_parts(path: str) -> list[Part]:
+    """The parts of a file, a saved HF dataset folder, or `hf:SPEC` (datasets.load_dataset)."""
+    if str(path).startswith("hf:"):
+        return _hf_parts(str(path), _load_hf_spec(str(path)[3:]))
+    p = Path(path)
+    if p.is_dir():
+        return _hf_parts(str(p), _load_hf_folder(p))
+    if not p.is_file():
+        raise ReadError(f"{path}: no such file; give a .jsonl/.json/.csv/.parquet file (optionally .gz), "
+                        "a folder saved with datasets.save_to_disk, or hf:SPEC")
+    kind = file_kind(p)
+    return [Part(str(path), lambda: _BATCHES[kind](p), lambda: _RECORDS[kind](p))]
+
+
+def source_sha256(path: str) -> str:
+    """sha256 of the raw bytes (all files of a folder, in name order; the fingerprints of hf:SPEC)."""
+    digest = hashlib.sha256()
+    if str(path).startswith("hf:"):
+        for name, ds in _splits(_load_hf_spec(str(path)[3:])):
+            digest.update(f"{name}\x1f{ds._fingerprint}\x1e".encode())
+        return digest.hexdigest()
+    p = Path(path)
+    for f in sorted(q for q in p.rglob("*") if q.is_file()) if p.is_dir() else [p]:
+        digest.update(str(f.relative_to(p)).encode() + b"\x1e" if p.is_dir() else b"")
+        with open(f, "rb") as fh:
+            while block := fh.read(HASH_BLOCK):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def file_kind(path: Path) -> str:
+    """jsonl | json | csv | parquet, from the extension (under any .gz) or else from the first bytes."""
+    suffixes = [s.lower() for s in path.suffixes if s.lower() != ".gz"]
+    by_ext = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
+              ".parquet": "parquet", ".txt": None}
+    kind = by_ext.get(suffixes[-1]) if suffixes else None
+    if kind:
+        return kind
+    with _open_binary(path) as fh:
+        head = fh.read(4096)
+    if head.startswith(PARQUET_MAGIC):
+        return "parquet"
+    first = head.lstrip()[:1]
+    return {b"[": "json", b"{": "jsonl"}.get(first, "csv")
+
+
+def _open_binary(path: Path):
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == GZIP_MAGIC
+    return gzip.open(path, "rb") if gz else open(path, "rb")
+
+
+def _stream(path: Path) -> pa.NativeFile:
+    with open(path, "rb") as fh:
+        gz = fh.read(2) == GZIP_MAGIC
+    return pa.input_stream(str(path), compression="gzip" if gz else None)
+
+
+# --- columnar reads ---------------------------------------------------------------------------
+
+
+def _jsonl_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    import pyarrow.json as pj
+
+    reader = pj.open_json(_stream(path), read_options=pj.ReadOptions(block_size=BATCH_BYTES))
+    yield from reader
+
+
+def _csv_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    import pyarrow.csv as pcsv
+
+    with _open_binary(path) as fh:
+        header = next(csv.reader(io.TextIOWrapper(fh, encoding="utf-8-sig")), [])
+    # Every column as text, like the precise path sees it: "007" stays "007".
+    convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in header},
+                                  strings_can_be_null=False)
+    reader = pcsv.open_csv(_stream(path), read_options=pcsv.ReadOptions(block_size=BATCH_BYTES),
+                           convert_options=convert)
+    yield from reader
+
+
+def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    import pyarrow.parquet as pq
+
+    with _open_binary(path) as fh:
+        source = pa.BufferReader(fh.read()) if isinstance(fh, gzip.GzipFile) else fh
+        yield from pq.ParquetFile(source).iter_batches(batch_size=BATCH_ROWS)
+
+
+def _no_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    raise NotImplementedError("a JSON list is read row by row")
+
+
+# --- row-by-row reads -------------------------------------------------------------------------
+
+
+def _jsonl_records(path: Path) -> Iterator[Record]:
+    row = 0
+    with io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors="replace") as fh:
+        for line, raw in enumerate(fh, 1):
+            if not raw.strip():
+                continue
+            row += 1
+            yield _parse_json(row, line, raw.rstrip("\n"))
+
+
+def _parse_json(row: int, line: int, raw: str) -> Record:
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        return Record(row, line, None, raw, f"json: not valid JSON ({exc.msg} at column {exc.colno})")
+    if not isinstance(value, dict):
+        return Record(row, line, None, raw, f"row: expected a JSON object, got {type(value).__name__}")
+    return Record(row, line, value, raw)
+
+
+def _json_records(path: Path) -> Iterator[Record]:
+    with _open_binary(path) as fh:
+        try:
+            data = json.load(fh)
+        except json.JSONDecodeError as exc:
+            yield Record(1, exc.lineno, None, "", f"json: not valid JSON ({exc.msg} at line {exc.lineno})")
+            return
+    if isinstance(data, dict):
+        data = [data]
+    for row, value in enumerate(data, 1):
+        yield _value_record(row, value)
+
+
+def _value_record(row: int, value) -> Record:
+    raw = json.dumps(value, ensure_ascii=False, default=str)
+    if not isinstance(value, dict):
+        return Record(row, row, None, raw, f"row: expected an object, got {type(value).__name__}")
+    return Record(row, row, value, raw)
+
+
+def _csv_records(path: Path) -> Iterator[Record]:
+    with io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", newline="") as fh:
+        reader = csv.DictReader(fh)
+        start, row = 2, 0
+        for value in reader:
+            row += 1
+            extra = value.pop(None, None)
+            raw = json.dumps(value, ensure_ascii=False)
+            if extra is not None:
+                yield Record(row, start, None, raw, f"row: {len(extra)} more fields than the header")
+            else:
+                yield Record(row, start, value, raw)
+            start = reader.line_num + 1
+
+
+def _parquet_records(path: Path) -> Iterator[Record]:
+    return _batch_records(_parquet_batches(path))
+
+
+def _batch_records(batches: Iterator[pa.RecordBatch]) -> Iterator[Record]:
+    row = 0
+    for batch in batches:
+        for value in batch.to_pylist():
+            row += 1
+            yield _value_record(row, value)
+
+
+_BATCHES = {"jsonl": _jsonl_batches, "csv": _csv_batches, "parquet": _parquet_batches,
+            "json": _no_batches}
+_RECORDS = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records,
+            "json": _json_records}
+
+
+# --- Hugging Face datasets ----------------------------------------------------------------------
+
+
+def _load_hf_folder(path: Path):
+    import datasets
+
+    try:
+        return datasets.load_from_disk(str(path))
+    except FileNotFoundError as exc:
+        raise ReadError(f"{path}: not a folder saved with datasets.save_to_disk ({exc})") from None
+
+
+def _load_hf_spec(spec: str):
+    import datasets
+
+    try:
+        return datasets.load_dataset(spec)
+    except Exception as exc:  # noqa: BLE001 (datasets raises many kinds; all mean "cannot load")
+        raise ReadError(f"hf:{spec}: datasets.load_dataset failed: {exc}") from None
+
+
+def _splits(data) -> list[tuple[str, object]]:
+    return list(data.items()) if hasattr(data, "items") else [("", data)]
+
+
+def _hf_parts(label: str, data) -> list[Part]:
+    parts = []
+    for name, ds in _splits(data):
+        def batches(ds=ds):
+            for table in ds.with_format("arrow").iter(batch_size=BATCH_ROWS):
+                yield from table.to_batches()
+        parts.append(Part(f"{label}[{name}]" if name else label, batches,
+                          lambda batches=batches: _batch_records(batches())))
+    return parts
+
+
+# --- read-ahead -----------------------------------------------------------------------------------
+
+
+def read_ahead(items: Iterator, depth: int = 2) -> Iterator:
+    """Iterate `items` in a background thread, `depth` ahead; its exceptions re-raise here.
+
+    >>> list(read_ahead(iter(range(5))))
+    [0, 1, 2, 3, 4]
+    """
+    done = object()
+    queue: Queue = Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                queue.put(item)
+            queue.put(done)
+        except BaseException as exc:  # noqa: BLE001 (handed to the consumer, which re-raises)
+            queue.put(exc)
+
+    thread = threading.Thread(target=produce, name="bradley-ingest-reader", daemon=True)
+    thread.start()
+    try:
+        while (item := queue.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue, then let it end
+            with contextlib.suppress(Empty):
+                queue.get(timeout=0.05)
