@@ -51,7 +51,9 @@ def _pyplot():
     return plt
 
 
-def plot_length_curve(curve: dict) -> bytes:
+def plot_length_curve(curve: dict) -> bytes | None:
+    if not len(curve.get("abs_delta") or []):
+        return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6))
     ax.plot(curve["abs_delta"], curve["p_longer_wins"], "o-", color="#c60")
@@ -100,8 +102,9 @@ def plot_per_rater(per_rater: dict, raters: list[str]) -> bytes | None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 1 + 0.25 * len(rows)))
     values = [v["agreement"] for _, v in rows]
-    errors = [[v["agreement"] - (v.get("low") or v["agreement"]) for _, v in rows],
-              [(v.get("high") or v["agreement"]) - v["agreement"] for _, v in rows]]
+    # Clamped: rounding can put a Wilson bound a hair on the wrong side of its point estimate.
+    errors = [[max(0.0, v["agreement"] - _bound(v, "low")) for _, v in rows],
+              [max(0.0, _bound(v, "high") - v["agreement"]) for _, v in rows]]
     colors = ["#c33" if v.get("flagged") else "#48a" for _, v in rows]
     ax.barh(range(len(rows)), values, xerr=errors, color=colors)
     ax.set_yticks(range(len(rows)), [r for r, _ in rows], fontsize=7)
@@ -110,6 +113,11 @@ def plot_per_rater(per_rater: dict, raters: list[str]) -> bytes | None:
     ax.set_xlabel("agreement with the leave-one-out majority (red: flagged)")
     ax.set_title("Per-rater agreement")
     return _png(fig)
+
+
+def _bound(stats: dict, key: str) -> float:
+    value = stats.get(key)
+    return stats["agreement"] if value is None else value
 
 
 def plot_floors(cycles: dict) -> bytes | None:

@@ -1,0 +1,116 @@
+"""The HTTP app: `create_app(settings)` wires the routes to one `Service`, and `serve_from_args` is
+`bradley serve` (uvicorn, one worker because the process owns the DuckDB writer).
+
+Shutdown on SIGTERM/SIGINT: uvicorn stops accepting connections and waits (up to
+BRADLEY_DRAIN_TIMEOUT_S) for requests in flight; those requests wait on the batcher, which keeps
+scoring; then the lifespan hook drains what is left in the queue and closes the store.
+
+This module imports no torch: the model (and torch with it) loads when the service starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+
+from service import http, routes_data, routes_score
+from service.runtime import Service
+from service.settings import Settings, load_settings
+
+log = logging.getLogger("bradley.service")
+
+
+def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
+    """A new app and its own Service (store, model, batcher, metrics); nothing global."""
+    service = service or Service(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        yield
+        await asyncio.get_running_loop().run_in_executor(None, service.stop)
+
+    app = FastAPI(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    app.include_router(routes_score.router)
+    app.include_router(routes_data.router)
+    app.add_exception_handler(ValueError, http.handle_error)
+    app.add_exception_handler(Exception, http.handle_error)
+    app.add_exception_handler(HTTPException, http.handle_http_error)
+    app.add_exception_handler(RequestValidationError, http.handle_validation_error)
+    app.add_middleware(RouteMetrics, service=service)
+    return app
+
+
+class RouteMetrics:
+    """Pure ASGI middleware: latency and status per route template (not per raw path, which would
+    let clients create unbounded label values)."""
+
+    def __init__(self, app, service: Service):
+        self.app, self.metrics = app, service.metrics
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started, status = time.perf_counter(), [500]
+
+        async def send_and_note(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_note)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.request_seconds.labels(route, scope["method"]).observe(
+                time.perf_counter() - started)
+            self.metrics.responses.labels(route, str(status[0])).inc()
+
+
+def serve_from_args(args) -> int:
+    """`bradley serve`: settings from the environment, overridden by the command line."""
+    settings = load_settings(db=args.db, host=args.host, port=args.port, model=args.model,
+                             device=getattr(args, "device", None),
+                             read_only=True if args.read_only else None)
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+    if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_keys:
+        log.warning("listening on %s without BRADLEY_API_KEYS: writes are disabled", settings.host)
+    service = Service(settings)
+    try:
+        service.start()  # fail here, with a message, before binding the port
+    except BaseException:
+        service.stop()
+        raise
+
+    config = uvicorn.Config(create_app(settings, service), host=settings.host, port=settings.port,
+                            workers=1, log_level=settings.log_level, access_log=False,
+                            timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
+    DrainingServer(config, service).run()
+    return 0
+
+
+class DrainingServer(uvicorn.Server):
+    """On SIGTERM/SIGINT, also tell the batcher to stop waiting for fuller batches, so the requests
+    uvicorn now waits for finish at once."""
+
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+        self.loop: asyncio.AbstractEventLoop | None = None
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.loop is not None:  # a signal handler must not take locks: hand over to the loop
+            self.loop.call_soon_threadsafe(self.service.batcher.hurry)
+        super().handle_exit(sig, frame)
+
+    async def serve(self, sockets=None) -> None:
+        self.loop = asyncio.get_running_loop()
+        await super().serve(sockets)

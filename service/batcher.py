@@ -1,0 +1,250 @@
+"""Dynamic micro-batching for /score: many small requests, one model worker, few large forwards.
+
+Requests arrive already tokenized (token-id lists) together with the scorer they were tokenized for,
+and wait in one queue. A single worker thread takes the oldest request, keeps collecting until the
+batch holds `max_batch_items` items or `max_batch_tokens` tokens or `max_wait_s` has passed since that
+request arrived, sorts the items of the batch by length (so rows of similar length share a forward
+and padding stays small), cuts them into forwards of at most `max_batch_tokens` padded tokens
+(rows x longest row) and `max_padding` wasted tokens per real one, and hands each forward to the
+scorer. Scores go back to each request's event
+loop in one call per batch.
+
+Batch independence is the scorer's contract (one padded forward whose per-row result ignores the
+other rows: attention masks, no cross-row normalisation); the batcher only regroups rows, and never
+mixes two scorers in one forward, which is what makes a hot model swap safe: a request that was
+tokenized for the old model is scored by the old model.
+
+    >>> import asyncio
+    >>> def fake(ids):  # a deterministic stand-in for RewardModel.score_encoded
+    ...     return [float(sum(row)) for row in ids]
+    >>> async def demo():
+    ...     batcher = Batcher(max_batch_tokens=64, max_batch_items=8, max_wait_s=0.001).start()
+    ...     a, b = await asyncio.gather(batcher.score(fake, [[1, 2], [3]]), batcher.score(fake, [[4]]))
+    ...     batcher.close()
+    ...     return a, b, batcher.stats["batches"] <= 2
+    >>> asyncio.run(demo())
+    ([3.0, 3.0], [4.0], True)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+Scorer = Callable[[list[list[int]]], Sequence[float]]
+
+
+class BatcherError(ValueError):
+    """Base of the batcher's refusals; the HTTP edge turns these into 503 with Retry-After."""
+
+
+class QueueFull(BatcherError):
+    """More items are waiting than `max_queue_items`: the client should retry later."""
+
+
+class ShuttingDown(BatcherError):
+    """The server is draining its queue before exit and accepts no new work."""
+
+
+@dataclass
+class _Job:
+    scorer: Scorer
+    ids: list[list[int]]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    enqueued: float = field(default_factory=time.monotonic)
+
+
+def plan_forwards(lengths: Sequence[int], max_tokens: int, max_items: int,
+                  max_padding: float = float("inf")) -> list[list[int]]:
+    """Split rows into forwards: rows sorted by length; each forward's padded size
+    (rows x longest row) within `max_tokens`, its rows within `max_items`, and its padding within
+    `max_padding` x its real tokens (on a CPU a padded token costs as much as a real one and a
+    bigger batch buys little, so waste is worth avoiding; a GPU prefers big batches). A row longer
+    than `max_tokens` gets a forward of its own. Returns the row indices of each forward.
+
+    >>> plan_forwards([5, 1, 4, 2], max_tokens=8, max_items=8)
+    [[1, 3], [2], [0]]
+    >>> plan_forwards([1, 1, 1], max_tokens=100, max_items=2)
+    [[0, 1], [2]]
+    >>> plan_forwards([10, 10, 11, 20], max_tokens=100, max_items=8, max_padding=0.1)
+    [[0, 1, 2], [3]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    forwards: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        # sorted ascending, so row i is the longest of the forward if it joins
+        padded = (len(current) + 1) * lengths[i]
+        if current and (padded > max_tokens or len(current) >= max_items
+                        or padded > (1 + max_padding) * (real + lengths[i])):
+            forwards.append(current)
+            current, real = [], 0
+        current.append(i)
+        real += lengths[i]
+    if current:
+        forwards.append(current)
+    return forwards
+
+
+class Batcher:
+    """One queue, one worker thread. `await score(scorer, ids)` from any event loop."""
+
+    def __init__(self, max_batch_tokens: int = 16384, max_batch_items: int = 256,
+                 max_wait_s: float = 0.003, max_queue_items: int = 50_000,
+                 max_padding: float = float("inf"),
+                 on_forward: Callable[[int, int, int, float], None] | None = None):
+        if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_s < 0:
+            raise ValueError("batch limits must be positive and max_wait_s non-negative")
+        self.max_batch_tokens, self.max_batch_items = max_batch_tokens, max_batch_items
+        self.max_wait_s, self.max_queue_items = max_wait_s, max_queue_items
+        self.max_padding = max_padding
+        self.on_forward = on_forward  # (rows, tokens, padded_tokens, seconds) after each forward
+        self._queue: deque[_Job] = deque()
+        self._queued_items = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self.stats = {"batches": 0, "forwards": 0, "items": 0}
+
+    # -- client side (event loop) ----------------------------------------------------------------
+
+    @property
+    def queued_items(self) -> int:
+        return self._queued_items
+
+    async def score(self, scorer: Scorer, ids: list[list[int]]) -> list[float]:
+        if not ids:
+            return []
+        loop = asyncio.get_running_loop()
+        job = _Job(scorer, ids, loop.create_future(), loop)
+        with self._cond:
+            if self._closing:
+                raise ShuttingDown("the server is shutting down; retry against another replica")
+            if self._queued_items + len(ids) > self.max_queue_items:
+                raise QueueFull(f"{self._queued_items} items are queued (limit "
+                                f"{self.max_queue_items}); retry shortly or send smaller requests")
+            self._queue.append(job)
+            self._queued_items += len(ids)
+            self._cond.notify()
+        return await job.future
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> Batcher:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="bradley-batcher", daemon=True)
+            self._thread.start()
+        return self
+
+    def hurry(self) -> None:
+        """Shutdown has begun: stop waiting for batches to fill, score what is queued now."""
+        with self._cond:
+            self.max_wait_s = 0.0
+            self._cond.notify_all()
+
+    def close(self, timeout: float | None = 30.0) -> bool:
+        """Stop taking work, score everything already queued, then stop the worker.
+        Returns False when the queue did not drain within `timeout` seconds."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
+
+    # -- worker side -----------------------------------------------------------------------------
+
+    def _work(self) -> None:
+        while (jobs := self._collect()) is not None:
+            results = self._run(jobs)
+            self.stats["batches"] += 1
+            _deliver(jobs, results)
+
+    def _collect(self) -> list[_Job] | None:
+        """Block for the oldest job, then gather more until a limit or its wait deadline."""
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            first_arrival = self._queue[0].enqueued
+            jobs, items, tokens = [], 0, 0
+            while True:
+                while self._queue and items < self.max_batch_items and tokens < self.max_batch_tokens:
+                    job = self._queue.popleft()
+                    jobs.append(job)
+                    items += len(job.ids)
+                    tokens += sum(len(row) for row in job.ids)
+                full = items >= self.max_batch_items or tokens >= self.max_batch_tokens
+                remaining = first_arrival + self.max_wait_s - time.monotonic()
+                if full or self._closing or remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            self._queued_items -= items
+            return jobs
+
+    def _run(self, jobs: list[_Job]) -> list[list[float] | BaseException]:
+        results: list[list[float] | BaseException] = [[0.0] * len(j.ids) for j in jobs]
+        by_scorer: dict[Scorer, list[int]] = {}
+        for index, job in enumerate(jobs):
+            by_scorer.setdefault(job.scorer, []).append(index)
+        for scorer, members in by_scorer.items():
+            rows = [(m, k) for m in members for k in range(len(jobs[m].ids))]
+            lengths = [len(jobs[m].ids[k]) for m, k in rows]
+            for forward in plan_forwards(lengths, self.max_batch_tokens, self.max_batch_items,
+                                         self.max_padding):
+                self._forward(scorer, [rows[i] for i in forward], jobs, results)
+        return results
+
+    def _forward(self, scorer: Scorer, rows: list[tuple[int, int]], jobs: list[_Job],
+                 results: list) -> None:
+        pending = [(m, k) for m, k in rows if not isinstance(results[m], BaseException)]
+        if not pending:
+            return
+        batch = [jobs[m].ids[k] for m, k in pending]
+        started = time.perf_counter()
+        try:
+            scores = scorer(batch)
+            if len(scores) != len(pending):
+                raise RuntimeError(f"scorer returned {len(scores)} scores for {len(pending)} rows")
+        except Exception as exc:  # noqa: BLE001 - one failing forward fails only its requests
+            for m, _ in pending:
+                results[m] = exc
+            return
+        self.stats["forwards"] += 1
+        self.stats["items"] += len(pending)
+        if self.on_forward is not None:
+            longest = max(len(row) for row in batch)
+            self.on_forward(len(batch), sum(len(row) for row in batch), longest * len(batch),
+                            time.perf_counter() - started)
+        for (m, k), score in zip(pending, scores, strict=True):
+            results[m][k] = float(score)
+
+
+def _deliver(jobs: list[_Job], results: list) -> None:
+    """One thread-safe callback per event loop per batch, not one per request."""
+    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+    for job, result in zip(jobs, results, strict=True):
+        by_loop.setdefault(job.loop, []).append((job.future, result))
+    for loop, pairs in by_loop.items():
+        try:
+            loop.call_soon_threadsafe(_resolve, pairs)
+        except RuntimeError:  # the loop was closed; nobody is waiting any more
+            pass
+
+
+def _resolve(pairs: list) -> None:
+    for future, result in pairs:
+        if future.done():  # the client went away and the request was cancelled
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)

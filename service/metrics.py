@@ -1,0 +1,116 @@
+"""Prometheus metrics of one app instance (a registry per app: no import-time singletons), and the
+running reward-length correlation of served scores, a cheap early warning of reward hacking: a
+policy that learns "longer scores higher" drives this towards 1.
+
+The correlation is Pearson's r over every (response length, score) served since the model was loaded,
+kept as co-moments and merged batch by batch with the pairwise update of Chan, Golub & LeVeque
+(1979), which stays exact in one pass without storing the pairs:
+
+    n = n_a + n_b,  d_x = mean_x_b - mean_x_a,  C = C_a + C_b + d_x * d_y * n_a * n_b / n,
+    r = C_xy / sqrt(M2_x * M2_y)
+
+    >>> m = merge_moments(merge_moments(Moments(), [1, 2], [2, 4]), [3], [7])
+    >>> round(pearson(m), 4)   # same as np.corrcoef([1, 2, 3], [2, 4, 7])[0, 1]
+    0.9934
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass(frozen=True)
+class Moments:
+    n: int = 0
+    mean_x: float = 0.0
+    mean_y: float = 0.0
+    m2_x: float = 0.0
+    m2_y: float = 0.0
+    c_xy: float = 0.0
+
+
+def merge_moments(a: Moments, xs: Sequence[float], ys: Sequence[float]) -> Moments:
+    """Moments of a's pairs plus the pairs (xs[i], ys[i])."""
+    n_b = len(xs)
+    if n_b == 0:
+        return a
+    mx, my = sum(xs) / n_b, sum(ys) / n_b
+    b = Moments(n_b, mx, my, sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys),
+                sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)))
+    n = a.n + n_b
+    dx, dy = b.mean_x - a.mean_x, b.mean_y - a.mean_y
+    w = a.n * n_b / n
+    return Moments(n, a.mean_x + dx * n_b / n, a.mean_y + dy * n_b / n, a.m2_x + b.m2_x + dx * dx * w,
+                   a.m2_y + b.m2_y + dy * dy * w, a.c_xy + b.c_xy + dx * dy * w)
+
+
+def pearson(m: Moments) -> float:
+    """Pearson's r of the merged pairs; NaN until both variables vary."""
+    denominator = math.sqrt(m.m2_x * m.m2_y)
+    return m.c_xy / denominator if denominator > 0 else math.nan
+
+
+class Metrics:
+    """Every `bradley_*` metric of one app; `render()` is the /metrics body."""
+
+    def __init__(self):
+        self.registry = r = CollectorRegistry()
+        self.request_seconds = Histogram("bradley_request_seconds", "HTTP request latency by route",
+                                         ["route", "method"], buckets=LATENCY_BUCKETS, registry=r)
+        self.responses = Counter("bradley_responses", "HTTP responses by route and status",
+                                 ["route", "status"], registry=r)
+        self.forward_rows = Histogram("bradley_forward_rows", "rows per model forward (batch size)",
+                                      buckets=ROWS_BUCKETS, registry=r)
+        self.forward_seconds = Histogram("bradley_forward_seconds", "model forward time",
+                                         buckets=LATENCY_BUCKETS, registry=r)
+        self.queue_items = Gauge("bradley_queue_items", "items waiting for the model", registry=r)
+        self.items = Counter("bradley_scored_items", "items scored (rate() gives items/s)", registry=r)
+        self.tokens = Counter("bradley_scored_tokens", "tokens scored (rate() gives tokens/s)",
+                              registry=r)
+        self.padded_tokens = Counter("bradley_padded_tokens", "tokens including padding", registry=r)
+        self.model = Info("bradley_model", "the model /score serves", registry=r)
+        self.model_swaps = Counter("bradley_model_loads", "models loaded (start-up and hot swaps)",
+                                   registry=r)
+        self.ingest_rows = Counter("bradley_ingest_rows", "rows uploaded over HTTP",
+                                   ["route", "result"], registry=r)
+        self.ingest_batches = Counter("bradley_ingest_batches", "uploads by outcome",
+                                      ["route", "outcome"], registry=r)
+        self.length_corr = Gauge("bradley_reward_length_correlation",
+                                 "Pearson r of response length (characters) and served score since "
+                                 "the model was loaded", registry=r)
+        self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
+        self.started.set(time.time())
+        self._moments = Moments()
+
+    def on_forward(self, rows: int, tokens: int, padded: int, seconds: float) -> None:
+        self.forward_rows.observe(rows)
+        self.forward_seconds.observe(seconds)
+        self.items.inc(rows)
+        self.tokens.inc(tokens)
+        self.padded_tokens.inc(padded)
+
+    def on_model(self, model_id: str, path: str) -> None:
+        self.model.info({"model_id": model_id, "path": path})
+        self.model_swaps.inc()
+        self._moments = Moments()
+        self.length_corr.set(math.nan)
+
+    def on_scores(self, responses: Sequence[str], scores: Sequence[float]) -> None:
+        self._moments = merge_moments(self._moments, [len(t) for t in responses], scores)
+        self.length_corr.set(pearson(self._moments))
+
+    def on_ingest(self, route: str, rows_ok: int, rows_rejected: int, outcome: str) -> None:
+        self.ingest_rows.labels(route, "ok").inc(rows_ok)
+        self.ingest_rows.labels(route, "rejected").inc(rows_rejected)
+        self.ingest_batches.labels(route, outcome).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,206 @@
+"""Parse and check request bodies before anything reaches the model or the store.
+
+Bodies are treated as hostile: bytes that are not UTF-8, malformed JSON, wrong types, empty lists and
+oversized strings are refused with a PayloadError that names the offending field (`items[3].prompt`,
+`line 7`, `body`) and says what to send instead. Nothing here logs or echoes a body.
+
+    >>> parse_score({"items": [{"prompt": "2+2?", "response": "4"}], "group_size": 1}, limits=Limits())
+    ScoreRequest(prompts=['2+2?'], responses=['4'], group_size=1, advantage='grpo')
+    >>> parse_score({"items": [{"prompt": 7, "response": "4"}]}, limits=Limits())
+    Traceback (most recent call last):
+    ...
+    service.payloads.PayloadError: items[0].prompt: must be a string or a list of {"role", "content"} messages, not int
+    >>> parse_records(b'{"a": 1}\\n\\n{"a": 2}\\n')
+    [{'a': 1}, {'a': 2}]
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from service.advantages import ADVANTAGES
+
+
+class PayloadError(ValueError):
+    """A request body the service refuses; `field` names where, `status` is the HTTP status."""
+
+    def __init__(self, field: str | None, problem: str, status: int = 422):
+        super().__init__(f"{field}: {problem}" if field else problem)
+        self.field, self.problem, self.status = field, problem, status
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_items: int = 4096
+    max_text_chars: int = 200_000
+
+
+@dataclass
+class ScoreRequest:
+    prompts: list
+    responses: list[str]
+    group_size: int | None = None
+    advantage: str = "grpo"
+
+
+def decode_json(body: bytes):
+    """UTF-8 JSON -> Python value; 400 naming the byte or line that breaks it."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PayloadError("body", f"not valid UTF-8 at byte {exc.start}; send UTF-8 encoded JSON",
+                           400) from None
+    if not text.strip():
+        raise PayloadError("body", "empty; send a JSON object", 400)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PayloadError("body", f"malformed JSON at line {exc.lineno} column {exc.colno}: "
+                           f"{exc.msg}", 400) from None
+    except RecursionError:
+        raise PayloadError("body", "JSON nested too deeply", 400) from None
+
+
+def parse_records(body: bytes) -> list[dict]:
+    """An upload body: one JSON object, a JSON list of objects, or JSONL (one object per line)."""
+    try:
+        value = decode_json(body)
+    except PayloadError as exc:
+        if exc.field != "body" or "malformed" not in exc.problem:
+            raise
+        value = _jsonl(body.decode("utf-8"))
+    records = value if isinstance(value, list) else [value]
+    if not records:
+        raise PayloadError("body", "empty list; send at least one record")
+    for i, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise PayloadError(f"[{i}]", f"must be a JSON object, not {_kind(record)}")
+    return records
+
+
+def _jsonl(text: str) -> list:
+    records = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise PayloadError(f"line {number}", f"malformed JSON ({getattr(exc, 'msg', exc)}); "
+                               "send a JSON object, a JSON list, or one object per line", 400) from None
+    return records
+
+
+def parse_score(value, limits: Limits) -> ScoreRequest:
+    """`{"items": [{"prompt": str | messages, "response": str}], "group_size"?, "advantage"?}`."""
+    _expect_object(value)
+    items = value.get("items")
+    if not isinstance(items, list) or not items:
+        raise PayloadError("items", "must be a non-empty list of {\"prompt\", \"response\"} objects")
+    if len(items) > limits.max_items:
+        raise PayloadError("items", f"{len(items)} items, limit {limits.max_items}; split the request",
+                           413)
+    prompts, responses = [], []
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise PayloadError(f"items[{i}]", f"must be an object, not {_kind(item)}")
+        prompts.append(check_prompt(item.get("prompt"), f"items[{i}].prompt", limits))
+        responses.append(check_text(item.get("response"), f"items[{i}].response", limits))
+    group_size = _group_size(value.get("group_size"), len(items))
+    advantage = value.get("advantage", "grpo")
+    if advantage not in ADVANTAGES:
+        raise PayloadError("advantage", f"must be one of {sorted(ADVANTAGES)}")
+    return ScoreRequest(prompts, responses, group_size, advantage)
+
+
+def parse_get_reward(value, limits: Limits) -> tuple[list[str], list[str], bool]:
+    """OpenRLHF's remote-RM body `{"query": [...], "prompts"?: [...], "labels"?: [...]}`.
+
+    Returns (prompts, responses, single): each query is prompt + response; when the matching prompt
+    is a prefix of the query the two are split there, otherwise the whole query is the response.
+    `single` is True when `query` was a bare string (answered with bare numbers).
+    """
+    _expect_object(value)
+    query, single = value.get("query"), isinstance(value.get("query"), str)
+    queries = [query] if single else query
+    if not isinstance(queries, list) or not queries:
+        raise PayloadError("query", "must be a non-empty list of strings (prompt + response texts)")
+    if len(queries) > limits.max_items:
+        raise PayloadError("query", f"{len(queries)} items, limit {limits.max_items}", 413)
+    queries = [check_text(q, f"query[{i}]", limits) for i, q in enumerate(queries)]
+    given = value.get("prompts")
+    given = [given] if isinstance(given, str) else given
+    if given is not None and (not isinstance(given, list) or len(given) != len(queries)):
+        raise PayloadError("prompts", f"must be a list as long as query ({len(queries)})")
+    prompts, responses = [], []
+    for i, q in enumerate(queries):
+        p = check_text(given[i], f"prompts[{i}]", limits) if given is not None else ""
+        p = p if p and q.startswith(p) else ""
+        prompts.append(p)
+        responses.append(q[len(p):])
+    return prompts, responses, single
+
+
+def webhook_task(value) -> dict | None:
+    """A Label Studio webhook body -> one task of its JSON export holding just the new annotation,
+    or None for actions that carry no verdict (TASKS_CREATED, ...). Only the fields a judgment needs
+    are kept: the body also carries the project's access token, which must go no further."""
+    _expect_object(value)
+    action = value.get("action")
+    if not isinstance(action, str):
+        raise PayloadError("action", "missing; is this a Label Studio webhook?")
+    if action != "ANNOTATION_CREATED":
+        return None
+    annotation, task = value.get("annotation"), value.get("task")
+    if not isinstance(annotation, dict):
+        raise PayloadError("annotation", "must be an object")
+    if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
+        raise PayloadError("task.data", "must be an object with prompt, answer1 and answer2")
+    kept = {k: annotation.get(k) for k in ("id", "result", "completed_by", "created_at")}
+    return {"id": task.get("id"), "data": task["data"], "annotations": [kept]}
+
+
+def check_text(value, field: str, limits: Limits) -> str:
+    if not isinstance(value, str):
+        raise PayloadError(field, f"must be a string, not {_kind(value)}")
+    if len(value) > limits.max_text_chars:
+        raise PayloadError(field, f"{len(value)} characters, limit {limits.max_text_chars}", 413)
+    return value
+
+
+def check_prompt(value, field: str, limits: Limits):
+    if isinstance(value, str):
+        return check_text(value, field, limits)
+    if not isinstance(value, list) or not value:
+        raise PayloadError(field, "must be a string or a list of {\"role\", \"content\"} messages, "
+                           f"not {_kind(value)}")
+    for j, message in enumerate(value):
+        where = f"{field}[{j}]"
+        if not isinstance(message, dict):
+            raise PayloadError(where, f"must be a {{\"role\", \"content\"}} object, not {_kind(message)}")
+        if message.get("role") not in ("system", "user", "assistant", "tool"):
+            raise PayloadError(f"{where}.role", "must be system, user, assistant or tool")
+        check_text(message.get("content"), f"{where}.content", limits)
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def _group_size(value, n_items: int) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PayloadError("group_size", "must be a positive integer")
+    if n_items % value:
+        raise PayloadError("group_size", f"{value} does not divide the {n_items} items; send whole "
+                           "groups of consecutive completions of one prompt")
+    return value
+
+
+def _expect_object(value) -> None:
+    if not isinstance(value, dict):
+        raise PayloadError("body", f"must be a JSON object, not {_kind(value)}")
+
+
+def _kind(value) -> str:
+    return {dict: "object", list: "list", str: "string", type(None): "null"}.get(type(value),
+                                                                                type(value).__name__)

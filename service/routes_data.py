@@ -1,0 +1,111 @@
+"""Routes that write to or read from the store: uploads, reports, the Label Studio webhook.
+All of them need `Authorization: Bearer <key>`."""
+
+from __future__ import annotations
+
+import math
+
+from fastapi import APIRouter, Request
+from starlette.responses import HTMLResponse, JSONResponse
+
+from service.http import check_key, read_body
+from service.payloads import PayloadError, decode_json, parse_records, webhook_task
+from service.runtime import Unavailable
+
+router = APIRouter()
+REPORT_TYPES = {"": "json", ".json": "json", ".html": "html"}
+
+
+async def _authorized(request: Request):
+    svc = request.app.state.service
+    check_key(request, svc.settings.api_keys)
+    return svc
+
+
+async def _upload(request: Request, route: str) -> JSONResponse:
+    """`?on_error=abort` (default: one bad row writes nothing) or `?on_error=skip` (bad rows go to
+    the rejects table, the rest is written)."""
+    svc = await _authorized(request)
+    on_error = request.query_params.get("on_error", "abort")
+    if on_error not in ("abort", "skip"):
+        raise PayloadError("on_error", "must be abort (a bad row writes nothing) or skip (bad rows "
+                           "go to rejects)")
+    records = parse_records(await read_body(request, svc.settings.max_body_bytes))
+    result = await svc.ingest(route, records, on_error)
+    body = {k: getattr(result, k, None) for k in
+            ("batch_id", "rows_in", "rows_ok", "rows_rejected", "duplicate")}
+    if result.failed:
+        errors = [str(e)[:500] for e in (result.errors or [])[:50]]
+        first = errors[0] if errors else "the upload was refused"
+        return JSONResponse({**body, "error": first, "field": None, "errors": errors}, 422)
+    if result.errors:
+        body["errors"] = [str(e)[:500] for e in result.errors[:50]]
+    return JSONResponse(body, 200 if result.duplicate else 201)
+
+
+@router.post("/judgments", status_code=201)
+async def judgments(request: Request) -> JSONResponse:
+    return await _upload(request, "judgments")
+
+
+@router.post("/pairs", status_code=201)
+async def pairs(request: Request) -> JSONResponse:
+    return await _upload(request, "pairs")
+
+
+@router.post("/feedback", status_code=201)
+async def feedback(request: Request) -> JSONResponse:
+    return await _upload(request, "feedback")
+
+
+@router.get("/reports/{name}")
+async def report(name: str, request: Request):
+    """`latest` (everything now) or a snapshot id, as `.json` (default) or `.html`;
+    `?raters=human|ai|PREFIX` filters raters."""
+    svc = await _authorized(request)
+    stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
+    kind = REPORT_TYPES.get(dot + ext)
+    if kind is None:
+        raise PayloadError("name", f"unknown report type {dot + ext!r}; use .json or .html", 404)
+    try:
+        from analysis.report import build_report, render_html
+    except ImportError:
+        raise Unavailable("reports are not available in this installation (analysis.report)") from None
+    snapshot = None if stem == "latest" else stem
+    raters = request.query_params.get("raters")
+    if kind == "html":  # plotting is slow and matplotlib is not thread-safe: the store thread
+        def page():
+            return render_html(build_report(svc.store, raters=raters, snapshot_id=snapshot))
+
+        return HTMLResponse(await svc.in_store(page))
+    data = await svc.in_store(build_report, svc.store, raters=raters, snapshot_id=snapshot)
+    return JSONResponse(_plain(data))
+
+
+def _plain(value):
+    """JSON-safe copy: NaN/inf become null (JSON has no NaN), numpy scalars become numbers."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+@router.post("/webhooks/label-studio")
+async def label_studio_webhook(request: Request) -> JSONResponse:
+    """ANNOTATION_CREATED becomes one judgment (same validation as a Label Studio export); other
+    actions are acknowledged and ignored. Configure the webhook with an Authorization header."""
+    svc = await _authorized(request)
+    value = decode_json(await read_body(request, svc.settings.max_body_bytes))  # never logged
+    task = webhook_task(value)
+    if task is None:
+        return JSONResponse({"ignored": value["action"]}, 202)
+    result = await svc.ingest("webhooks/label-studio", [task])
+    body = {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
+    return JSONResponse(body, 200 if result.duplicate else 201)

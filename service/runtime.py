@@ -1,0 +1,200 @@
+"""What one running server holds: settings, the store (the single DuckDB writer), the served model,
+the batcher and the metrics, with the operations the routes call.
+
+Concurrency: the event loop serves HTTP; one batcher thread runs every model forward; one store
+thread runs every DuckDB statement (DuckDB allows one writer, and one connection must not be used by
+two threads at once), so uploads, reports and model look-ups queue there in arrival order while
+/score never waits for the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from service.batcher import Batcher
+from service.metrics import Metrics
+from service.payloads import Limits
+from service.settings import Settings
+
+log = logging.getLogger("bradley.service")
+UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
+                  "webhooks/label-studio": "label-studio"}
+LARGE_REQUEST_ITEMS = 64  # tokenize bigger requests off the event loop
+# Padding allowed per real token when BRADLEY_MAX_PADDING is unset. Measured here (2-core CPU, 5M
+# model, 64 clients, ~114-token items): a CPU forward gains nothing from batch size and pays for
+# every padded token: unbounded padding served 31.6 items/s, 0.1 served 44-54, 0 served 59-78 (only
+# equal lengths share a forward). A GPU is the opposite: big batches, padding nearly free.
+AUTO_PADDING = {"cpu": 0.0, "cuda": 1.0}
+
+
+class NotReady(ValueError):
+    """No model is loaded yet (503)."""
+
+
+class Forbidden(ValueError):
+    """The request is understood but not allowed on this server (403)."""
+
+
+class NotFound(ValueError):
+    """A named thing (model, report) does not exist (404)."""
+
+
+class Unavailable(ValueError):
+    """A route whose feature is not in this release, or whose module has not been installed (501)."""
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    id: str
+    path: str
+    rm: object  # rm.model.RewardModel (imported lazily: it pulls in torch)
+
+
+class Service:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.limits = Limits(settings.max_items_per_request, settings.max_text_chars)
+        self.batcher = Batcher(settings.max_batch_tokens, settings.max_batch_items,
+                               settings.max_wait_ms / 1000, settings.max_queue_items,
+                               on_forward=self.metrics.on_forward)
+        self.metrics.queue_items.set_function(lambda: self.batcher.queued_items)
+        self.store = None
+        self.current: LoadedModel | None = None
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="bradley-store")
+        self._swap_lock = threading.Lock()
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> Service:
+        """Open the store, load the configured model, start the batcher. Idempotent; raises
+        ValueError (with the fix) on a locked store or a missing model, before any port is bound."""
+        if self._started:
+            return self
+        self.store = _open_store(self.settings)
+        if self.settings.model:
+            self._install(self._load(self.settings.model))
+        self.batcher.start()
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        """Drain the scoring queue, finish queued store work, close the store."""
+        drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
+        if not drained:
+            log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
+        self._store_thread.shutdown(wait=True)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self._started = False
+
+    # -- models ----------------------------------------------------------------------------------
+
+    def _load(self, ref: str) -> LoadedModel:
+        from rm.model import RewardModel
+
+        model_id, path = self._resolve(ref)
+        if self.settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.settings.torch_threads)
+        rm = RewardModel.load(path, device=self.settings.device)
+        return LoadedModel(model_id or rm.model_id or Path(path).name, str(path), rm)
+
+    def _resolve(self, ref: str) -> tuple[str | None, str]:
+        """(store id or None for a bare folder, folder)."""
+        if Path(ref).is_dir():
+            return None, str(Path(ref).resolve())
+        if self.store is None:
+            raise NotFound(f"model {ref!r} is not a folder and no store is open; pass a model folder")
+        try:
+            row = self.call_store(self.store.model, ref)
+        except ValueError as exc:
+            raise NotFound(str(exc)) from None
+        return row["id"], row["path"]
+
+    def _install(self, loaded: LoadedModel) -> None:
+        device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")
+        padding = self.settings.max_padding
+        self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
+        self.current = loaded  # one reference swap: requests already tokenized keep the old model
+        self.metrics.on_model(loaded.id, loaded.path)
+        log.info("serving model %s from %s", loaded.id, loaded.path)
+
+    async def load_model(self, ref: str) -> LoadedModel:
+        """Hot swap. Loading happens off the event loop while the old model keeps serving."""
+        def load_and_install():
+            with self._swap_lock:
+                loaded = self._load(ref)
+                self._install(loaded)
+                return loaded
+
+        return await asyncio.get_running_loop().run_in_executor(None, load_and_install)
+
+    async def models(self) -> list[dict]:
+        rows = await self.in_store(self.store.models) if self.store is not None else []
+        active = self.current.id if self.current else None
+        listed = [{**row, "active": row["id"] == active} for row in rows]
+        if self.current and not any(row["active"] for row in listed):
+            listed.append({"id": self.current.id, "path": self.current.path, "active": True})
+        return listed
+
+    # -- scoring ---------------------------------------------------------------------------------
+
+    async def score(self, prompts: list, responses: list[str]) -> tuple[str, list[float]]:
+        loaded = self.current
+        if loaded is None:
+            raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
+        if len(prompts) > LARGE_REQUEST_ITEMS:
+            loop = asyncio.get_running_loop()
+            ids = await loop.run_in_executor(None, loaded.rm.encode, prompts, responses)
+        else:
+            ids = loaded.rm.encode(prompts, responses)
+        scores = await self.batcher.score(loaded.rm.score_encoded, ids)
+        self.metrics.on_scores(responses, scores)
+        return loaded.id, scores
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def call_store(self, fn, *args, **kwargs):
+        """Run on the store thread and wait (for callers that are already off the event loop)."""
+        return self._store_thread.submit(fn, *args, **kwargs).result()
+
+    async def in_store(self, fn, *args, **kwargs):
+        if self.store is None:
+            raise Forbidden("no store is open on this server (read-only replica without a database)")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._store_thread, lambda: fn(*args, **kwargs))
+
+    async def ingest(self, route: str, records: list[dict], on_error: str = "abort"):
+        if self.settings.read_only:
+            raise Forbidden("this server is read-only (--read-only); upload to the writer instead")
+        from annotation.ingest import ingest_records
+
+        def run():
+            return ingest_records(self.store, records, fmt=UPLOAD_FORMATS[route],
+                                  source=f"http:/{route}", on_error=on_error)
+
+        try:
+            result = await self.in_store(run)
+        except ValueError:
+            self.metrics.on_ingest(route, 0, len(records), "rejected")
+            raise
+        outcome = "failed" if result.failed else ("duplicate" if result.duplicate else "ok")
+        self.metrics.on_ingest(route, result.rows_ok, result.rows_rejected, outcome)
+        return result
+
+
+def _open_store(settings: Settings):
+    from annotation.store import Store
+
+    if settings.read_only:
+        return Store(settings.db, read_only=True) if Path(settings.db).exists() else None
+    return Store(settings.db)

@@ -1,0 +1,78 @@
+"""Typed settings of the scoring service, read from the environment (prefix `BRADLEY_`) and validated
+once, at start-up, so a bad value stops the server with a message instead of failing a request later.
+
+    >>> s = load_settings(api_keys="key-one-1, key-two-2", port=9000)
+    >>> s.api_keys, s.port, s.host
+    (('key-one-1', 'key-two-2'), 9000, '127.0.0.1')
+    >>> load_settings(port=0)
+    Traceback (most recent call last):
+    ...
+    service.settings.SettingsError: BRADLEY_PORT: Input should be greater than or equal to 1 (got 0)
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+SECRET_FIELDS = {"api_keys"}
+
+
+class SettingsError(ValueError):
+    """A setting is missing or out of range; the message names the variable to fix."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BRADLEY_", extra="ignore", frozen=True)
+
+    db: str = "bradley.duckdb"
+    model: str | None = None              # model id in the store, or a model folder
+    device: str = "auto"
+    torch_threads: int | None = Field(None, ge=1)  # CPU threads for the forward (default: torch's)
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    # Comma-separated in the environment; NoDecode keeps pydantic-settings from expecting JSON.
+    api_keys: Annotated[tuple[str, ...], NoDecode] = ()
+    score_requires_key: bool = False
+    read_only: bool = False
+    max_batch_tokens: int = Field(16384, ge=1)   # padded tokens per forward (rows x longest row)
+    max_batch_items: int = Field(256, ge=1)
+    # padded tokens allowed per real token in one forward; unset: 0 on CPU, 1.0 on GPU
+    max_padding: float | None = Field(None, ge=0)
+    max_wait_ms: float = Field(3.0, ge=0, le=10_000)
+    max_queue_items: int = Field(50_000, ge=1)   # beyond this, /score answers 503 (retry later)
+    max_items_per_request: int = Field(4096, ge=1)
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_text_chars: int = Field(200_000, ge=1)     # per prompt or response; longer is refused (422)
+    drain_timeout_s: float = Field(30.0, ge=0)
+    log_level: str = "info"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value):
+        if isinstance(value, str):
+            value = value.split(",")
+        keys = tuple(k.strip() for k in value if k and k.strip())
+        if any(len(k) < 8 for k in keys):
+            raise ValueError("every key needs at least 8 characters")
+        return keys
+
+
+def load_settings(**overrides) -> Settings:
+    """Environment first, then non-None `overrides` (from the CLI); raises SettingsError naming the
+    variable to fix."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        raise SettingsError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else "settings"
+        shown = "" if field in SECRET_FIELDS else f" (got {str(err['input'])[:40]})"
+        problems.append(f"BRADLEY_{field.upper()}: {err['msg']}{shown}")
+    return "; ".join(problems)

@@ -1,0 +1,107 @@
+"""Pure parts of the service: advantages, request parsing, running correlation, settings."""
+
+import numpy as np
+import pytest
+
+from service.advantages import group_advantages
+from service.metrics import Moments, merge_moments, pearson
+from service.payloads import Limits, PayloadError, parse_get_reward, parse_records, parse_score
+from service.settings import SettingsError, load_settings
+
+
+def test_grpo_advantages_match_hand_computation():
+    # group (0, 1): mean 0.5, sample std sqrt(0.5) = 0.7071 -> (+-0.5) / (0.7071 + 1e-4)
+    adv, degenerate = group_advantages([0.0, 1.0], group_size=2)
+    assert adv == pytest.approx([-0.70700, 0.70700], abs=1e-5)
+    assert degenerate == [False]
+
+
+def test_dr_grpo_is_the_centered_reward_and_degenerate_groups_are_flagged():
+    adv, degenerate = group_advantages([2.0, 4.0, 9.0, 1.0, 1.0, 1.0], 3, method="dr_grpo")
+    assert adv == pytest.approx([-3.0, -1.0, 4.0, 0.0, 0.0, 0.0])
+    assert degenerate == [False, True]
+
+
+def test_rounding_noise_does_not_make_a_group_informative():
+    # the same text scored in two forwards of different shapes: equal up to float32 rounding
+    adv, degenerate = group_advantages([0.8123456, 0.8123456 + 2e-8, 0.5, 0.9], group_size=2)
+    assert adv[:2] == [0.0, 0.0] and degenerate == [True, False]
+
+
+def test_advantage_inputs_are_checked():
+    with pytest.raises(ValueError, match="divide"):
+        group_advantages([1.0, 2.0, 3.0], 2)
+    with pytest.raises(ValueError, match="grpo"):
+        group_advantages([1.0], 1, method="ppo")
+
+
+def test_running_correlation_equals_numpy_over_many_merges():
+    rng = np.random.default_rng(0)
+    x, y = rng.integers(1, 500, 300).astype(float), rng.normal(size=300)
+    y += 0.01 * x
+    m = Moments()
+    for start in range(0, 300, 7):
+        m = merge_moments(m, x[start:start + 7].tolist(), y[start:start + 7].tolist())
+    assert m.n == 300
+    assert pearson(m) == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-12)
+    assert np.isnan(pearson(merge_moments(Moments(), [3.0, 3.0], [1.0, 2.0])))
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"items": []}, "items"),
+    ({"items": "x"}, "items"),
+    ({"items": [{"prompt": "p"}]}, "items[0].response"),
+    ({"items": [{"prompt": None, "response": "r"}]}, "items[0].prompt"),
+    ({"items": [{"prompt": [{"role": "user"}], "response": "r"}]}, "items[0].prompt[0].content"),
+    ({"items": [{"prompt": [{"role": "boss", "content": "x"}], "response": "r"}]},
+     "items[0].prompt[0].role"),
+    ({"items": [{"prompt": "p", "response": "r"}], "group_size": 0}, "group_size"),
+    ({"items": [{"prompt": "p", "response": "r"}] * 3, "group_size": 2}, "group_size"),
+    ({"items": [{"prompt": "p", "response": "r"}], "advantage": "ppo"}, "advantage"),
+    ([1, 2], "body"),
+])
+def test_score_bodies_name_the_bad_field(body, field):
+    with pytest.raises(PayloadError) as info:
+        parse_score(body, Limits())
+    assert info.value.field == field and 400 <= info.value.status < 500
+
+
+def test_huge_strings_are_refused_with_413():
+    with pytest.raises(PayloadError) as info:
+        parse_score({"items": [{"prompt": "p", "response": "x" * 11}]}, Limits(max_text_chars=10))
+    assert (info.value.field, info.value.status) == ("items[0].response", 413)
+
+
+def test_upload_bodies_object_list_or_jsonl():
+    assert parse_records(b'{"a": 1}') == [{"a": 1}]
+    assert parse_records(b'[{"a": 1}, {"a": 2}]') == [{"a": 1}, {"a": 2}]
+    assert parse_records(b'{"a": 1}\n{"a": 2}\n') == [{"a": 1}, {"a": 2}]
+    for body, field in ((b"[]", "body"), (b"[1]", "[0]"), (b'{"a": 1}\n{"a": ', "line 2"),
+                        (b"\xff", "body"), (b"  ", "body")):
+        with pytest.raises(PayloadError) as info:
+            parse_records(body)
+        assert info.value.field == field
+
+
+def test_openrlhf_query_splits_at_the_prompt():
+    prompts, responses, single = parse_get_reward(
+        {"query": ["Q: hi A: yo", "other"], "prompts": ["Q: hi", "not a prefix"]}, Limits())
+    assert (prompts, responses, single) == (["Q: hi", ""], [" A: yo", "other"], False)
+    assert parse_get_reward({"query": "abc"}, Limits())[2] is True
+
+
+def test_settings_from_environment(monkeypatch):
+    monkeypatch.setenv("BRADLEY_API_KEYS", " first-key-1 ,second-key-2,")
+    monkeypatch.setenv("BRADLEY_SCORE_REQUIRES_KEY", "true")
+    s = load_settings(port=8123)
+    assert s.api_keys == ("first-key-1", "second-key-2") and s.score_requires_key and s.port == 8123
+
+
+def test_bad_settings_name_the_variable_and_hide_keys(monkeypatch):
+    monkeypatch.setenv("BRADLEY_API_KEYS", "short")
+    with pytest.raises(SettingsError) as info:
+        load_settings()
+    assert "BRADLEY_API_KEYS" in str(info.value) and "short" not in str(info.value)
+    monkeypatch.delenv("BRADLEY_API_KEYS")
+    with pytest.raises(SettingsError, match="BRADLEY_MAX_WAIT_MS"):
+        load_settings(max_wait_ms=-1)
