@@ -1,0 +1,309 @@
+"""Reward models: any Hugging Face sequence classifier with one output, scored at the last real token.
+
+r(x, y) is a scalar read from the final hidden state of the last non-padding token of the rendered
+(prompt, response) sequence (Ouyang et al. 2022, §3.5) for decoders, and from the model's own
+pooler ([CLS], right padding) for encoders. The last real token is found from the attention mask,
+never from the pad id, so left padding, right padding and pad == eos all score the same
+(transformers#35352, trl#2778). Decoders get explicit position ids, so left padding does not shift
+absolute position embeddings (GPT-2).
+
+A saved model is a folder: `model.safetensors` + `config.json`, the tokenizer, `train_config.json`
+(model id, base model, snapshot, hyper-parameters, max_length) and `metrics.json`. Loading goes
+through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
+
+    >>> import tempfile
+    >>> folder = build_tiny_reward_model(tempfile.mkdtemp(), ["a small example text"] * 8, vocab_size=300)
+    >>> rm = RewardModel.load(folder, device="cpu")
+    >>> len(rm.score(["hi", "hi"], ["there", "again"]))
+    2
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from rm import device as devices
+from rm.tokenizer import build_bpe_tokenizer, encode_prompt_response
+
+TRAIN_CONFIG = "train_config.json"
+METRICS = "metrics.json"
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last 1 in each row of the mask, for right and left padding alike.
+
+    >>> last_token_index(torch.tensor([[1, 1, 0], [0, 1, 1], [1, 1, 1]])).tolist()
+    [1, 2, 2]
+    """
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    return (positions * attention_mask.long()).argmax(-1)
+
+
+def pad_batch(ids: list[list[int]], pad_id: int, padding_side: str = "right") -> dict:
+    """Pad token-id lists into `input_ids` and `attention_mask` tensors.
+
+    >>> pad_batch([[5, 6], [7]], pad_id=0, padding_side="left")["input_ids"].tolist()
+    [[5, 6], [0, 7]]
+    """
+    if padding_side not in ("right", "left"):
+        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
+    width = max(len(x) for x in ids)
+    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(ids), width), dtype=torch.long)
+    for row, seq in enumerate(ids):
+        span = slice(0, len(seq)) if padding_side == "right" else slice(width - len(seq), width)
+        input_ids[row, span] = torch.tensor(seq, dtype=torch.long)
+        mask[row, span] = 1
+    return {"input_ids": input_ids, "attention_mask": mask}
+
+
+class RewardNet(torch.nn.Module):
+    """A Hugging Face sequence classifier as `forward(input_ids, attention_mask) -> rewards [B]`.
+
+    One module, so DistributedDataParallel sees the whole reward computation in its forward.
+    """
+
+    def __init__(self, hf_model, sep_token_id: int | None = None):
+        super().__init__()
+        self.hf = hf_model
+        self.is_decoder = isinstance(getattr(hf_model, "score", None), torch.nn.Linear)
+        types = getattr(hf_model.config, "type_vocab_size", 0) or 0
+        self.sep_token_id = sep_token_id if types > 1 else None
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.is_decoder:
+            return self._decoder_rewards(input_ids, attention_mask)
+        return self._encoder_rewards(input_ids, attention_mask)
+
+    def _decoder_rewards(self, input_ids, attention_mask):
+        positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        out = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                 position_ids=positions, use_cache=False)
+        hidden = out[0]
+        last = last_token_index(attention_mask)
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        head = self.hf.score
+        return head(hidden[rows, last].to(head.weight.dtype)).squeeze(-1).float()
+
+    def _encoder_rewards(self, input_ids, attention_mask):
+        kwargs = {}
+        if self.sep_token_id is not None:  # segment B starts after the first [SEP]
+            sep = (input_ids == self.sep_token_id).long()
+            kwargs["token_type_ids"] = ((sep.cumsum(-1) - sep) > 0).long() * attention_mask
+        out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        return out.logits.squeeze(-1).float()
+
+
+class RewardModel:
+    """A loaded reward model: encode (prompt, response) exactly as trained, score in batches."""
+
+    def __init__(self, hf_model, tokenizer, path: str = "", model_id: str = "",
+                 device: str | torch.device = "cpu", max_length: int | None = None):
+        self.device = devices.resolve(device) if isinstance(device, str) else device
+        self.tokenizer = tokenizer
+        _ensure_pad(hf_model, tokenizer)
+        self.net = RewardNet(hf_model, tokenizer.sep_token_id).to(self.device).eval()
+        self.path, self.model_id = str(path), model_id
+        self.max_length = fit_max_length(max_length, hf_model)
+        # encoders read [CLS] at position 0 and use absolute positions: they must pad on the right
+        self.padding_side = tokenizer.padding_side if self.net.is_decoder else "right"
+
+    @classmethod
+    def load(cls, path, device="auto") -> RewardModel:
+        folder = Path(path)
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"{path} is not a model folder (no config.json); pass a folder written "
+                             "by `bradley train rm` or `bradley models prepare`")
+        hf_model, tokenizer = load_backbone(str(folder))
+        config = read_json(folder / TRAIN_CONFIG)
+        return cls(hf_model, tokenizer, str(folder), config.get("model_id", folder.name),
+                   device, config.get("max_length"))
+
+    def encode(self, prompts: list, responses: list[str]) -> list[list[int]]:
+        """Token ids of exactly what is scored (chat template when the tokenizer has one)."""
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; pass one each")
+        return [encode_prompt_response(self.tokenizer, p, r, self.max_length)[0]
+                for p, r in zip(prompts, responses, strict=False)]
+
+    def score_encoded(self, ids: list[list[int]]) -> list[float]:
+        """One forward over the padded batch; each score is independent of the rest of the batch."""
+        if not ids:
+            return []
+        if any(len(seq) == 0 for seq in ids):
+            raise ValueError("cannot score an empty token sequence; encode a prompt and response first")
+        batch = pad_batch(ids, self.tokenizer.pad_token_id, self.padding_side)
+        with torch.inference_mode(), devices.autocast(self.device):
+            rewards = self.net(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
+        return rewards.float().cpu().tolist()
+
+    def score(self, prompts: list, responses: list[str], batch_size: int = 32) -> list[float]:
+        """Scores in input order; batches are formed from length-sorted sequences to cut padding."""
+        ids = self.encode(prompts, responses)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        scores = [0.0] * len(ids)
+        for start in range(0, len(order), batch_size):
+            chunk = order[start:start + batch_size]
+            for i, value in zip(chunk, self.score_encoded([ids[i] for i in chunk]), strict=False):
+                scores[i] = value
+        return scores
+
+    def save(self, out_dir, train_config: dict, metrics: dict) -> Path:
+        return save_model(devices.unwrap(self.net).hf, self.tokenizer, out_dir, train_config, metrics)
+
+
+def _ensure_pad(hf_model, tokenizer) -> None:
+    """Decoders often ship without a pad token: pad with eos (safe, the mask decides what is real)."""
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+        tokenizer.pad_token = tokenizer.eos_token
+    hf_model.config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_backbone(name_or_path: str):
+    """(AutoModelForSequenceClassification with num_labels=1, tokenizer); safetensors only."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers.utils import logging
+
+    verbosity = logging.get_verbosity()
+    logging.set_verbosity_error()  # a fresh head on a base model is expected, not a warning
+    logging.disable_progress_bar()  # per-shard bars drown the training progress bar
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        hf_model = AutoModelForSequenceClassification.from_pretrained(
+            name_or_path, num_labels=1, use_safetensors=True)
+    except OSError as exc:
+        raise ValueError(f"cannot load base model {name_or_path!r}: {exc}. Use a local folder, "
+                         "`--base-model tiny`, or `bradley models prepare minilm`") from None
+    finally:
+        logging.set_verbosity(verbosity)
+    _ensure_pad(hf_model, tokenizer)
+    return hf_model, tokenizer
+
+
+def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) -> Path:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    hf_model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / TRAIN_CONFIG).write_text(json.dumps(train_config, indent=2, default=str))
+    (out / METRICS).write_text(json.dumps(metrics, indent=2, default=str))
+    return out
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+# --- tiny models from a config (tests, demos, CI, benchmarks) ---------------------------------
+
+
+def _llama(vocab, hidden, layers, specials):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
+                       max_position_embeddings=2048, tie_word_embeddings=False, **specials)
+
+
+def _qwen2(vocab, hidden, layers, specials):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
+                       num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
+                       num_key_value_heads=max(1, hidden // 32), max_position_embeddings=2048,
+                       tie_word_embeddings=False, **specials)
+
+
+def _gpt2(vocab, hidden, layers, specials):
+    from transformers import GPT2Config
+
+    return GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=max(1, hidden // 32),
+                      n_positions=2048, **specials)
+
+
+def _bert(vocab, hidden, layers, specials):
+    from transformers import BertConfig
+
+    return BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                      num_attention_heads=max(1, hidden // 32), intermediate_size=4 * hidden,
+                      max_position_embeddings=2048, pad_token_id=specials["pad_token_id"])
+
+
+ARCHITECTURES = {"llama": _llama, "qwen2": _qwen2, "gpt2": _gpt2, "bert": _bert}
+
+
+def tiny_config(tokenizer, arch: str = "llama", hidden: int = 64, layers: int = 2):
+    """A small config of `arch` sized to the tokenizer (hidden 64, 2 layers: ~0.16M parameters)."""
+    if arch not in ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
+    specials = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
+                "eos_token_id": tokenizer.eos_token_id}
+    return ARCHITECTURES[arch](len(tokenizer), hidden, layers, specials)
+
+
+def _tiny_tokenizer(texts, vocab_size, arch, pad_equals_eos, chat_template=True):
+    tokenizer = build_bpe_tokenizer(texts, vocab_size, chat_template=chat_template and arch != "bert",
+                                    pad_equals_eos=pad_equals_eos)
+    if arch == "bert":  # sentence-pair encoding needs [CLS]/[SEP]; bos/eos play those parts
+        from tokenizers import processors
+
+        tokenizer._tokenizer.post_processor = processors.TemplateProcessing(
+            single="<s> $A </s>", pair="<s> $A </s> $B:1 </s>:1",
+            special_tokens=[("<s>", tokenizer.bos_token_id), ("</s>", tokenizer.eos_token_id)])
+        tokenizer.cls_token, tokenizer.sep_token = "<s>", "</s>"
+    return tokenizer
+
+
+def build_tiny_reward_model(out_dir, texts: list[str], hidden: int = 64, layers: int = 2,
+                            vocab_size: int = 512, padding_side: str = "right", seed: int = 0,
+                            arch: str = "llama", pad_equals_eos: bool = False,
+                            chat_template: bool = True) -> Path:
+    """A small AutoModelForSequenceClassification(num_labels=1) from a config, random weights, with a
+    byte-level BPE trained on `texts`, saved with save_pretrained (safetensors) into `out_dir`."""
+    from transformers import AutoModelForSequenceClassification
+
+    tokenizer = _tiny_tokenizer(texts, vocab_size, arch, pad_equals_eos, chat_template)
+    tokenizer.padding_side = padding_side
+    config = tiny_config(tokenizer, arch, hidden, layers)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config)
+    return save_model(model, tokenizer, out_dir, {"model_id": Path(out_dir).name, "base_model":
+                                                  f"tiny-{arch}", "seed": seed}, {})
+
+
+def build_tiny_causal_lm(out_dir, texts: list[str], hidden: int = 64, layers: int = 2,
+                         vocab_size: int = 512, padding_side: str = "right", seed: int = 0,
+                         arch: str = "llama", pad_equals_eos: bool = False) -> Path:
+    """The same tiny recipe as a causal LM (LlamaForCausalLM by default), for policy training."""
+    from transformers import AutoModelForCausalLM
+
+    if arch == "bert":
+        raise ValueError("a causal LM needs a decoder architecture: llama, qwen2 or gpt2")
+    tokenizer = _tiny_tokenizer(texts, vocab_size, arch, pad_equals_eos)
+    tokenizer.padding_side = padding_side
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, arch, hidden, layers))
+    return save_model(model, tokenizer, out_dir, {"model_id": Path(out_dir).name, "base_model":
+                                                  f"tiny-{arch}", "seed": seed}, {})
+
+
+def fit_max_length(max_length: int | None, hf_model) -> int | None:
+    """--max-length capped at the model's position table (longer inputs would index past it)."""
+    config = hf_model.config
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if limit is None:
+        return max_length
+    return min(max_length, limit) if max_length else limit
+
+
+def count_parameters(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

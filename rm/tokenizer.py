@@ -1,0 +1,151 @@
+"""How text becomes token ids: a tiny byte-level BPE for tests, and the one encoding of
+(prompt, response) that training, evaluation and serving all share.
+
+A scored sequence is the prompt and the response rendered together: through the tokenizer's chat
+template when it has one (user turn + assistant turn), else as a sentence pair for encoders
+(`[CLS] prompt [SEP] response [SEP]`) or `prompt \\n\\n response <eos>` for decoders. Sequences
+longer than `max_length` lose tokens from the prompt's left (after a leading special token), so the
+response, the part being judged, survives; only a response that alone exceeds the limit is cut at
+its end. Nothing is dropped.
+
+    >>> from rm.tokenizer import truncate_left
+    >>> truncate_left([1, 10, 11, 12, 20, 21], n_prompt=4, max_length=4, keep_head=1)
+    ([1, 12, 20, 21], 2, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+
+
+def build_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512, chat_template: bool = True,
+                        pad_equals_eos: bool = False):
+    """Train a byte-level BPE on `texts` (0.3 s for vocab 512) and wrap it for transformers.
+
+    Specials: <pad> 0, <s> 1 (bos), </s> 2 (eos), <unk> 3. With `pad_equals_eos` the pad token is
+    </s>, the setting that breaks scorers which look for the first pad id (transformers#35352).
+
+    >>> tok = build_bpe_tokenizer(["hello world"] * 20, vocab_size=300)
+    >>> tok.decode(tok("hello world")["input_ids"])
+    'hello world'
+    >>> (tok.pad_token_id, tok.eos_token_id)
+    (0, 2)
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if not texts:
+        raise ValueError("cannot train a tokenizer on no text; ingest some pairs first")
+    bpe = Tokenizer(models.BPE(unk_token="<unk>"))
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    bpe.train_from_iterator(list(texts), trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>",
+                                  unk_token="<unk>", pad_token="</s>" if pad_equals_eos else "<pad>")
+    if chat_template:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def as_messages(prompt: str | list[dict]) -> list[dict]:
+    """A prompt as a conversation: text becomes one user turn.
+
+    >>> as_messages("hi")
+    [{'role': 'user', 'content': 'hi'}]
+    """
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [dict(m) for m in prompt]
+
+
+def as_text(prompt: str | list[dict]) -> str:
+    """A prompt as plain text, for tokenizers without a chat template.
+
+    >>> as_text([{"role": "user", "content": "hi"}])
+    'user: hi'
+    """
+    if isinstance(prompt, str):
+        return prompt
+    return "\n\n".join(f"{m['role']}: {m['content']}" for m in prompt)
+
+
+def truncate_left(ids: list[int], n_prompt: int, max_length: int | None,
+                  keep_head: int = 0) -> tuple[list[int], int, bool]:
+    """Cut `ids` to `max_length` from the prompt's left, after `keep_head` leading tokens (bos/cls).
+
+    Returns (ids, n_prompt after the cut, truncated?). When the prompt is used up, the response is cut
+    at its end (keeping the final token, usually eos/sep, which the score is read at).
+
+    >>> truncate_left([1, 10, 11, 20, 21, 2], n_prompt=3, max_length=4, keep_head=1)
+    ([1, 20, 21, 2], 1, True)
+    >>> truncate_left([1, 10, 20, 21, 22, 2], n_prompt=2, max_length=4, keep_head=1)
+    ([1, 20, 21, 2], 1, True)
+    >>> truncate_left([1, 2], n_prompt=1, max_length=8)
+    ([1, 2], 1, False)
+    """
+    excess = len(ids) - max_length if max_length else 0
+    if excess <= 0:
+        return list(ids), n_prompt, False
+    removable = max(n_prompt - keep_head, 0)
+    cut = min(excess, removable)
+    ids = list(ids[:keep_head]) + list(ids[keep_head + cut:])
+    n_prompt -= cut
+    if len(ids) > max_length:  # the response alone is too long: keep its head and its last token
+        ids = ids[:max_length - 1] + ids[-1:]
+    return ids, n_prompt, True
+
+
+def encode_prompt_response(tokenizer, prompt: str | list[dict], response: str,
+                           max_length: int | None = None) -> tuple[list[int], int, bool]:
+    """(ids, n_prompt_tokens, truncated) of the scored sequence; the first n_prompt_tokens ids are
+    the prompt (with the template's assistant header), the rest the response.
+
+    >>> tok = build_bpe_tokenizer(["user assistant hello there"] * 10, vocab_size=300)
+    >>> ids, n_prompt, cut = encode_prompt_response(tok, "hello", "there")
+    >>> tok.decode(ids[n_prompt:])
+    'there</s>'
+    >>> tok.decode(ids[:n_prompt])
+    '<|user|>\\nhello</s><|assistant|>\\n'
+    """
+    if tokenizer.chat_template:
+        messages = as_messages(prompt)
+        head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
+                                             tokenize=False)
+        # templates carry their own bos; adding special tokens again would double it
+        ids, n_prompt = _prefix_split(tokenizer, head, full, add_special_tokens=False)
+    elif tokenizer.sep_token_id is not None and tokenizer.cls_token_id is not None:
+        ids = tokenizer(as_text(prompt), response, verbose=False)["input_ids"]
+        n_prompt = ids.index(tokenizer.sep_token_id) + 1
+    else:
+        head = as_text(prompt) + "\n\n"
+        ids, n_prompt = _prefix_split(tokenizer, head, head + response, add_special_tokens=True)
+        if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
+            ids.append(tokenizer.eos_token_id)
+    keep_head = 1 if ids and ids[0] in (tokenizer.bos_token_id, tokenizer.cls_token_id) else 0
+    return truncate_left(ids, n_prompt, max_length, keep_head=keep_head)
+
+
+def _prefix_split(tokenizer, head: str, full: str,
+                  add_special_tokens: bool) -> tuple[list[int], int]:
+    """Token ids of `full` and how many of them belong to its prefix `head`.
+
+    Tokenizing the two halves separately keeps the boundary exact (BPE merges never cross it),
+    and the template decides where special tokens go.
+    """
+    if not full.startswith(head):
+        raise ValueError("the chat template renders the prompt differently with and without the "
+                         "response; use a tokenizer whose template appends the assistant turn")
+    # verbose=False: over-long texts are expected here, truncate_left cuts them next
+    head_ids = tokenizer(head, add_special_tokens=add_special_tokens, verbose=False)["input_ids"]
+    tail_ids = tokenizer(full[len(head):], add_special_tokens=False, verbose=False)["input_ids"]
+    return head_ids + tail_ids, len(head_ids)

@@ -1,0 +1,153 @@
+"""`bradley train po` end to end on real hh-rlhf pairs with a tiny policy: every loss lowers its own
+objective, the first step sits at the seed values, the reference cache is hit on a second run, and
+the policy is saved (safetensors) and registered with its snapshot."""
+
+import gzip
+import json
+import math
+
+import pyarrow as pa
+import pytest
+
+from annotation.store import Store, content_id, prompt_id, response_id
+from rm import po_train, policy
+from service.cli import build_parser, main
+
+N_PAIRS = 8
+HH = "hh-rlhf/harmless-base-test.jsonl.gz"
+
+
+def hh_pairs(path, n):
+    """(prompt, chosen, rejected): the prompt is the transcript up to the last Assistant turn."""
+    out = []
+    with gzip.open(path, "rt") as f:
+        for line in f:
+            row = json.loads(line)
+            cut = row["chosen"].rfind("\n\nAssistant:") + len("\n\nAssistant:")
+            prompt = row["chosen"][:cut]
+            if row["rejected"][:cut] != prompt or row["chosen"] == row["rejected"]:
+                continue
+            out.append((prompt, row["chosen"][cut:], row["rejected"][cut:]))
+            if len(out) == n:
+                return out
+    return out
+
+
+def put_pairs(store, triples, tag="hh"):
+    """Write prompts, responses and one judgment per pair through Store.write_batch."""
+    prompts, responses, judgments = {}, {}, []
+    for i, (prompt, chosen, rejected) in enumerate(triples):
+        pid = prompt_id(prompt)
+        prompts[pid] = prompt
+        ids = [response_id(pid, t) for t in (chosen, rejected)]
+        responses.update({rid: (pid, t) for rid, t in zip(ids, (chosen, rejected), strict=True)})
+        judgments.append((content_id(tag, str(i)), pid, ids[0], ids[1]))
+    tables = {
+        "prompts": pa.table({"id": list(prompts), "text": list(prompts.values())}),
+        "responses": pa.table({"id": list(responses), "prompt_id": [v[0] for v in responses.values()],
+                               "text": [v[1] for v in responses.values()]}),
+        "judgments": pa.table({"id": [j[0] for j in judgments], "prompt_id": [j[1] for j in judgments],
+                               "response_a": [j[2] for j in judgments],
+                               "response_b": [j[3] for j in judgments],
+                               "winner": ["a"] * len(judgments), "rater": ["human:test"] * len(judgments),
+                               "source": ["trl"] * len(judgments)}),
+    }
+    store.write_batch(f"test:{tag}", content_id(tag, "sha"), len(judgments), tables)
+
+
+@pytest.fixture(scope="module")
+def hh_triples(shared_data):
+    return hh_pairs(shared_data / HH, N_PAIRS)
+
+
+@pytest.fixture
+def filled(store, hh_triples):
+    put_pairs(store, hh_triples)
+    return store
+
+
+def po_args(tmp_path, loss, *extra):
+    return build_parser().parse_args(
+        ["--db", str(tmp_path / "unused.duckdb"), "train", "po", "--loss", loss, "--base-model", "tiny",
+         "--steps", "6", "--batch-size", str(N_PAIRS), "--max-length", "96", "--lr", "3e-3",
+         "--out", str(tmp_path / f"out-{loss}"), *extra])
+
+
+def run(args, store, monkeypatch):
+    # run_po opens args.db itself; hand it the test's open store instead (one DuckDB writer)
+    monkeypatch.setattr(po_train, "_open_store", lambda path: _Borrowed(store))
+    return policy.run_po(args)
+
+
+class _Borrowed:
+    def __init__(self, store):
+        self.store = store
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+
+FIRST = {"dpo": math.log(2), "ipo": 1 / (4 * 0.1**2), "kto": 0.5}
+
+
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "simpo", "orpo"])
+def test_each_loss_lowers_its_objective(filled, tmp_path, monkeypatch, loss):
+    metrics = run(po_args(tmp_path, loss), filled, monkeypatch)
+    # one batch holds the whole training split, so first and final losses are on the same pairs
+    assert metrics["final_loss"] < metrics["first_loss"]
+    if loss in FIRST:
+        assert metrics["first_loss"] == pytest.approx(FIRST[loss], abs=1e-4)
+    if loss != "kto":
+        assert metrics["final_margin"] > metrics["first_margin"]
+    assert metrics["steps"] == 6 and metrics["world_size"] == 1
+
+
+def test_cli_second_run_hits_the_reference_cache_and_both_are_registered(hh_triples, tmp_path,
+                                                                         capsys):
+    db = tmp_path / "po.duckdb"
+    with Store(db) as store:
+        put_pairs(store, hh_triples)
+    outs = []
+    for name in ("first", "second"):
+        argv = ["--db", str(db), "train", "po", "--loss", "dpo", "--steps", "3", "--batch-size", "4",
+                "--max-length", "96", "--out", str(tmp_path / name)]
+        assert main(argv) == 0
+        captured = capsys.readouterr()
+        outs.append(json.loads(captured.out.strip().splitlines()[-1]))  # the last line is JSON
+    first, second = outs
+    assert first["ref_computed"] == 2 * N_PAIRS and first["ref_cached"] == 0
+    assert second["ref_computed"] == 0 and second["ref_cached"] == 2 * N_PAIRS
+    assert second["first_loss"] == pytest.approx(math.log(2), abs=1e-4)
+    for key in ("model_id", "path", "loss", "first_loss", "final_loss", "world_size", "train_seconds"):
+        assert second[key] is not None
+    with Store(db, read_only=True) as store:
+        rows = {m["id"]: m for m in store.models()}
+    for m in outs:
+        assert rows[m["model_id"]]["kind"] == "dpo"
+        assert rows[m["model_id"]]["snapshot_id"] == m["snapshot_id"]
+    saved = {p.name for p in (tmp_path / "second").iterdir()}
+    assert "model.safetensors" in saved and not any(n.endswith((".bin", ".pt")) for n in saved)
+    steps = [json.loads(line) for line in captured.err.splitlines() if line.startswith('{"step"')]
+    assert len(steps) == 3
+    assert {"loss", "reward_chosen", "reward_rejected", "margin", "accuracy", "logp_chosen",
+            "kl"} <= set(steps[0])
+
+
+@pytest.mark.parametrize("flag,value", [("--label-smoothing", "0.5"), ("--beta", "0")])
+def test_bad_hyperparameters_exit_cleanly(tmp_path, capsys, flag, value):
+    argv = ["--db", str(tmp_path / "x.duckdb"), "train", "po", "--loss", "dpo", flag, value]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert flag.lstrip("-").replace("-", "_") in err and "Traceback" not in err
+    assert not list(tmp_path.glob("models*"))
+
+
+def test_empty_store_is_a_clear_error(store, tmp_path, monkeypatch):
+    with pytest.raises(ValueError, match="bradley ingest"):
+        run(po_args(tmp_path, "dpo"), store, monkeypatch)
