@@ -17,14 +17,16 @@ The hh-rlhf prompt is the shared prefix up to and including the last "\\n\\nAssi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable
 from datetime import datetime, timezone
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from annotation.store import canonical_json, content_id, render_messages
+from annotation.store import ID_SEPARATOR, canonical_json, content_id, render_messages
 
 ANONYMOUS = "human:anonymous"
 RATER_PREFIXES = ("human:", "ai:")
@@ -350,18 +352,42 @@ def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
     >>> with_ids("judgments", t, "s").column("rid_a")[0].as_py() == content_id("p", "x")
     True
     """
-    keys = [m if m is not None else p for p, m in zip(staged.column("prompt").to_pylist(),
-                                                      staged.column("messages").to_pylist(), strict=True)]
-    known: dict[str, str] = {}  # many rows share a prompt
-    ids = {"pid": [known.get(k) or known.setdefault(k, content_id(k)) for k in keys]}
+    keys = pc.coalesce(staged.column("messages"), staged.column("prompt")).combine_chunks()
+    keys = keys.dictionary_encode()  # many rows share a prompt: hash each distinct one once
+    heads = [(content_id(k), hashlib.sha256((k + ID_SEPARATOR).encode("utf-8")))
+             for k in keys.dictionary.to_pylist()]
+    rows = keys.indices.to_pylist()
+    ids = {"pid": pa.array([pid for pid, _ in heads], pa.string()).take(keys.indices)}
+    states = [heads[i][1] for i in rows]  # sha256 already fed "key\x1f"
     for name, column in STAGED_RESPONSES[kind].items():
-        texts = staged.column(column).to_pylist()
-        ids[name] = [content_id(k, t) for k, t in zip(keys, texts, strict=True)]
-    ids["jid"] = [given if given is not None else content_id(sha256, str(row)) for given, row in
-                  zip(staged.column("id").to_pylist(), staged.column("row").to_pylist(), strict=True)]
+        ids[name] = pa.array(_continued(states, staged.column(column)), pa.string())
+    ids["jid"] = pc.coalesce(staged.column("id"), pa.array(_continued(
+        [hashlib.sha256((sha256 + ID_SEPARATOR).encode("utf-8"))] * staged.num_rows,
+        pc.cast(staged.column("row"), pa.string())), pa.string()))
     for name, values in ids.items():
-        staged = staged.append_column(name, pa.array(values, pa.string()))
+        staged = staged.append_column(name, values)
     return staged
+
+
+def _continued(states: list, column) -> list[str]:
+    """content_id(key, text) per row, from each row's sha256 state over "key\x1f": hashes the
+    text's UTF-8 bytes where Arrow holds them, without copying them into Python strings."""
+    array = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    array = array.cast(pa.string())
+    if array.null_count:
+        raise ValueError("staged response texts cannot be null")
+    if len(array) == 0:
+        return []
+    _, offsets, data = array.buffers()
+    ends = memoryview(offsets).cast("i")[array.offset:array.offset + len(array) + 1].tolist()
+    data = memoryview(data) if data is not None else memoryview(b"")
+    out = []
+    append = out.append  # bound once: this loop runs per response
+    for state, start, end in zip(states, ends[:-1], ends[1:], strict=True):
+        digest = state.copy()
+        digest.update(data[start:end])
+        append(digest.hexdigest()[:24])
+    return out
 
 
 FORMATS: dict[str, Callable] = {"judgments": judgment_rows, "trl": trl_rows, "hh": hh_rows,

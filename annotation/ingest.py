@@ -2,8 +2,11 @@
 
 One file is one batch and one transaction. Rows are read in chunks; a clean JSONL/CSV/Parquet/HF file
 of judgments or TRL string pairs takes the columnar path (Arrow reads, vectorized checks, content ids
-hashed in a read-ahead thread while DuckDB writes the chunk before); anything else, and any file where the vectorized checks find a problem, takes the precise
-path, which parses row by row and names every problem as `FILE:LINE: field: what is wrong`.
+hashed in a read-ahead thread while DuckDB writes the chunk before); anything else, and any file where
+the vectorized checks find a problem, takes the precise path, which parses row by row and names every
+problem as `FILE:LINE: field: what is wrong`. Either way each prompt, response and judgment id is
+written once per batch (annotation.seen), and ids already in the store are dropped before the commit
+(Store.dedup_batch): the tables keep no index to check against (schema.sql says why).
 
 `on_error="abort"` (default): a bad row writes nothing from that file and raises IngestError.
 `on_error="skip"`: good rows are committed, bad ones go to `rejects` with their reason and raw text.
@@ -32,6 +35,7 @@ import pyarrow.compute as pc
 from annotation import formats
 from annotation.formats import with_ids
 from annotation.readers import BATCH_ROWS, Part, Record, open_parts, read_ahead, source_sha256
+from annotation.seen import SeenIds
 from annotation.store import canonical_json
 
 ON_ERROR = ("abort", "skip")
@@ -164,6 +168,7 @@ def _write(store, source: str, sha: str, fill: Callable, opts: _Options) -> Inge
         if writer.errors and opts.on_error == "abort":
             result = IngestResult(source, None, writer.rows_in, 0, 0, errors=writer.errors, failed=True)
             raise IngestError(writer.errors, writer.first_field, result)
+        store.dedup_batch(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
         info = store.finish_batch(cur, info, writer.rows_in)
     return IngestResult(source, info.id, info.rows_in, info.rows_ok, info.rows_rejected,
                         errors=writer.errors)
@@ -178,6 +183,7 @@ class _Writer:
         self.rejects: list[tuple[int, str, str]] = []
         self.errors: list[str] = []
         self.n_errors, self.rows_in, self.first_field = 0, 0, None
+        self.seen = SeenIds()
         self.bar = _progress_bar() if opts.progress else None
 
     def add_table(self, kind: str, staged: pa.Table) -> None:
@@ -211,7 +217,7 @@ class _Writer:
             return
         for kind, rows in self.pending.items():
             if rows:
-                staged = with_ids(kind, _staged_table(kind, rows), self.sha)
+                staged = self.seen.flag(kind, with_ids(kind, _staged_table(kind, rows), self.sha))
                 self.store.insert_staged(self.cur, kind, staged, self.batch_id)
                 self._tick(len(rows))
         self.store.insert_rejects(self.cur, self.batch_id, self.rejects)
@@ -276,7 +282,8 @@ def _detect(label: str, row: dict) -> str:
 def _columnar_pass(writer: _Writer, parts: list[Part]) -> None:
     # Reading, checking and hashing (Python, Arrow) run in a thread while DuckDB writes the chunk
     # before: on two cores that overlap is most of the speed-up over doing the steps in turn.
-    for staged in read_ahead(_columnar_chunks(parts, writer.opts, writer.sha)):
+    chunks = _columnar_chunks(parts, writer.opts, writer.sha)
+    for staged in read_ahead(writer.seen.flag("judgments", chunk) for chunk in chunks):
         writer.add_table("judgments", staged)
 
 

@@ -1,18 +1,24 @@
 -- bradley store, schema version 1. The only schema; store.py applies it and later migrations.
 -- Ids are content-derived (see store.py: content_id), so the same text is one row however often it arrives.
+-- prompts, responses and judgments declare no PRIMARY KEY on purpose: keeping an ART index up to date
+-- cost four index inserts per ingested row and 4/5 of ingest time. Their ids are still unique; store.py
+-- keeps them so: a batch writes each new id once (ingest remembers the ids it has written) and then
+-- removes the copies of ids that were in the store before it (Store.dedup_batch), in the same
+-- transaction. Writes are serialized: DuckDB lets one process hold the file, and the server writes
+-- from one thread.
 
 CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS prompts (
-    id       VARCHAR PRIMARY KEY,      -- content_id(text) or content_id(canonical messages JSON)
+    id       VARCHAR NOT NULL,         -- unique; content_id(text) or content_id(canonical messages JSON)
     text     VARCHAR NOT NULL,         -- plain text; for conversations a rendering of the messages
     messages JSON                      -- list of {"role","content"} when the prompt came as a conversation
 );
 
 CREATE TABLE IF NOT EXISTS responses (
-    id           VARCHAR PRIMARY KEY,  -- content_id(prompt_id, text)
+    id           VARCHAR NOT NULL,     -- unique; content_id(prompt key, text)
     prompt_id    VARCHAR NOT NULL,
     text         VARCHAR NOT NULL,
     source_model VARCHAR               -- which model wrote it, when known
@@ -40,7 +46,9 @@ CREATE TABLE IF NOT EXISTS rejects (
 
 -- One row per rater per comparison: the truth. Pairs are derived from it (view below).
 CREATE TABLE IF NOT EXISTS judgments (
-    id         VARCHAR PRIMARY KEY,     -- content_id(batch sha256, row number) unless the row carries an id
+    id         VARCHAR NOT NULL,        -- unique: content_id(batch sha256, row number), new with every
+                                        -- batch since a sha256 is ingested once; or the row's own id
+                                        -- (an export), which dedup_batch checks against the store
     prompt_id  VARCHAR NOT NULL,
     response_a VARCHAR NOT NULL,        -- response ids, in the order the rater saw them
     response_b VARCHAR NOT NULL,

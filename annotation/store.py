@@ -205,23 +205,42 @@ class Store:
     def insert_staged(self, cur, kind: str, staged: pa.Table, batch_id: str) -> None:
         """Inside an open transaction: write staged judgment or feedback rows and their prompts and
         responses. `staged` has annotation.formats' columns plus content ids (formats.with_ids)."""
-        cur.register("_bradley_stage", staged)
-        try:
-            for statement in _STAGE_INSERTS[kind]:
-                cur.execute(statement, [batch_id] if "$1" in statement else [])
-        finally:
-            cur.unregister("_bradley_stage")
+        # Found by name (DuckDB's replacement scan), not register(): a registered table stays pinned
+        # until the transaction commits, which held every chunk of a big file in memory at once.
+        _bradley_stage = staged  # noqa: F841
+        for statement in _STAGE_INSERTS[kind]:
+            cur.execute(statement, [batch_id] if "$1" in statement else [])
 
     def insert_rows(self, cur, table: str, rows: pa.Table) -> None:
-        """INSERT OR IGNORE an Arrow table into one of the data tables, matching columns by name."""
+        """Insert an Arrow table into one of the data tables, matching columns by name; rows whose id
+        is already in the table (or earlier in `rows`) are skipped."""
         if table not in ("prompts", "responses", "judgments", "feedback"):
             raise StoreError(f"cannot bulk-insert into {table!r}")
         columns = ", ".join(f'"{c}"' for c in rows.column_names if re.fullmatch(r"[a-z_]+", c))
         cur.register("_bradley_rows", rows)
         try:
-            cur.execute(f"INSERT OR IGNORE INTO {table} ({columns}) SELECT {columns} FROM _bradley_rows")
+            cur.execute(f"INSERT INTO {table} ({columns}) SELECT DISTINCT ON (r.id) {columns} "
+                        f"FROM _bradley_rows r ANTI JOIN {table} t ON t.id = r.id")
         finally:
             cur.unregister("_bradley_rows")
+
+    def dedup_batch(self, cur, batch_id: str, prompt_ids: Sequence[str], own_ids: bool) -> None:
+        """Inside the batch's transaction, after its rows: drop the rows it wrote again whose id was in
+        the store before it. A batch writes each prompt id once, so a prompt id seen twice was there
+        before; only responses of such prompts can be (a response id hashes its prompt). Judgment ids
+        are new with every batch unless rows carried their own (`own_ids`: an export ingested back)."""
+        again = self._delete_later_copies(cur, "prompts", prompt_ids)
+        if again:
+            self._delete_later_copies(cur, "responses", again)
+        if own_ids:
+            cur.execute(_DEDUP["judgments"], [batch_id])
+
+    def _delete_later_copies(self, cur, table: str, ids: Sequence[str]) -> list[str]:
+        cur.register("_bradley_ids", pa.table({"id": pa.array(ids, pa.string())}))
+        try:
+            return [row[0] for row in cur.execute(_DEDUP[table]).fetchall()]
+        finally:
+            cur.unregister("_bradley_ids")
 
     def insert_rejects(self, cur, batch_id: str, rejects: Iterable[tuple[int, str, str]]) -> None:
         rows = [(batch_id, line, reason, (raw or "")[:10_000]) for line, reason, raw in rejects]
@@ -371,26 +390,39 @@ class Store:
 
 
 # Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid), computed by formats.with_ids
-# in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first.
-# Rows of a chunk often share a prompt: one index probe per distinct prompt, not per row.
-_STAGE_PROMPTS = ("INSERT OR IGNORE INTO prompts (id, text, messages) "
-                  "SELECT DISTINCT ON (pid) pid, prompt, messages FROM _bradley_stage")
+# in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
+# with flags (new_p, new_a, new_b, new_r, new_j) true where the id is the first of its kind in the batch.
+_STAGE_PROMPTS = "INSERT INTO prompts (id, text, messages) SELECT pid, prompt, messages FROM _bradley_stage WHERE new_p"
 _STAGE_INSERTS = {
     "judgments": [
         _STAGE_PROMPTS,
-        "INSERT OR IGNORE INTO responses (id, prompt_id, text, source_model) "
-        "SELECT rid_a, pid, response_a, model_a FROM _bradley_stage "
-        "UNION ALL SELECT rid_b, pid, response_b, model_b FROM _bradley_stage",
-        "INSERT OR IGNORE INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
+        "INSERT INTO responses (id, prompt_id, text, source_model) "
+        "SELECT rid_a, pid, response_a, model_a FROM _bradley_stage WHERE new_a "
+        "UNION ALL SELECT rid_b, pid, response_b, model_b FROM _bradley_stage WHERE new_b",
+        "INSERT INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
         "source, batch_id, created_at, rationale, metadata) SELECT jid, pid, rid_a, rid_b, winner, "
-        "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage"],
+        "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage WHERE new_j"],
     "feedback": [
         _STAGE_PROMPTS,
-        "INSERT OR IGNORE INTO responses (id, prompt_id, text, source_model) "
-        "SELECT rid, pid, completion, model FROM _bradley_stage",
+        "INSERT INTO responses (id, prompt_id, text, source_model) "
+        "SELECT rid, pid, completion, model FROM _bradley_stage WHERE new_r",
         "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id) "
-        "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage"],
+        "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage WHERE new_j"],
 }
+# Later copies of an id. Copies agree on everything the id hashes, so keeping any one is correct; the
+# lowest rowid is the oldest (rows of the open transaction number after all committed ones).
+_LATER_COPIES = ("SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid) AS n "
+                 "FROM {table} WHERE {where}) WHERE n > 1")
+_DEDUP = {  # _bradley_ids: the batch's prompt ids; then those that were in the store before it
+    "prompts": "DELETE FROM prompts WHERE rowid IN (" + _LATER_COPIES.format(
+        table="prompts", where="id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
+    "responses": "DELETE FROM responses WHERE rowid IN (" + _LATER_COPIES.format(
+        table="responses", where="prompt_id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
+    "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN "
+                 "(SELECT id FROM judgments WHERE batch_id <> $1)",
+}
+
+
 def _with_batch(table: pa.Table, name: str, batch_id: str) -> pa.Table:
     if name in ("judgments", "feedback") and "batch_id" not in table.column_names:
         return table.append_column("batch_id", pa.array([batch_id] * table.num_rows, pa.string()))

@@ -1,0 +1,55 @@
+"""The ids one batch has written so far, so that the batch writes each prompt, response and judgment once.
+
+prompts, responses and judgments have no PRIMARY KEY (an ART index cost 4/5 of ingest time, see
+schema.sql). A batch therefore flags each staged row's ids as first-in-batch or not, writes only the
+first ones, and at its end lets Store.dedup_batch drop those that were in the store before the batch.
+
+    >>> import pyarrow as pa
+    >>> seen = SeenIds()
+    >>> chunk = pa.table({"pid": ["p", "p"], "rid_a": ["x", "y"], "rid_b": ["y", "x"],
+    ...                   "jid": ["j1", "j2"], "id": pa.nulls(2, pa.string())})
+    >>> flagged = seen.flag("judgments", chunk)
+    >>> [flagged.column(c).to_pylist() for c in ("new_p", "new_a", "new_b", "new_j")]
+    [[True, False], [True, True], [False, False], [True, True]]
+    >>> seen.flag("judgments", chunk).column("new_a").to_pylist()  # the next chunk: all known
+    [False, False]
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+# staged kind -> (flag column, id column) of its responses, in the order they are written
+RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
+
+
+class SeenIds:
+    """Prompt and response ids written by this batch; judgment ids only once rows carry their own.
+
+    Memory grows with the batch's distinct ids (about 100 bytes each), not with its text."""
+
+    def __init__(self) -> None:
+        self.prompts: set[str] = set()
+        self.responses: set[str] = set()
+        self.judgments: set[str] = set()
+        self.own_ids = False  # some row carried an `id` (an export): it may be in the store already
+
+    def flag(self, kind: str, staged: pa.Table) -> pa.Table:
+        """`staged` (with formats.with_ids' columns) plus boolean new_* columns."""
+        flags = {"new_p": _firsts(staged.column("pid").to_pylist(), self.prompts)}
+        for flag, column in RESPONSE_FLAGS[kind]:
+            flags[flag] = _firsts(staged.column(column).to_pylist(), self.responses)
+        if staged.column("id").null_count < staged.num_rows:
+            self.own_ids = True
+        if self.own_ids:  # generated ids (batch sha256, row) are unique and need no memory
+            flags["new_j"] = _firsts(staged.column("jid").to_pylist(), self.judgments)
+        else:
+            flags["new_j"] = [True] * staged.num_rows
+        for name, values in flags.items():
+            staged = staged.append_column(name, pa.array(values, pa.bool_()))
+        return staged
+
+
+def _firsts(ids: list[str], seen: set[str]) -> list[bool]:
+    """True where an id is new to `seen` (which learns it). `seen.add` returns None, hence the `or`."""
+    return [not (i in seen or seen.add(i)) for i in ids]
