@@ -378,9 +378,19 @@ class Store:
 
     def put_ref_logps(self, model_hash: str, template_hash: str,
                       rows: Iterable[tuple[str, float, int]]) -> None:
-        data = [(model_hash, template_hash, rid, float(lp), int(n)) for rid, lp, n in rows]
-        if data:
-            self.con.executemany("INSERT OR IGNORE INTO ref_logps VALUES (?, ?, ?, ?, ?)", data)
+        ids, logps, counts = [], [], []
+        for rid, lp, n in rows:
+            ids.append(rid)
+            logps.append(float(lp))
+            counts.append(int(n))
+        if not ids:
+            return
+        # One set-based insert: executemany costs ~2 ms a row, minutes for a large preference set.
+        _bradley_ref_rows = pa.table({"response_id": ids, "logp": logps,  # noqa: F841
+                                      "n_tokens": pa.array(counts, pa.int32())})
+        self.con.execute(
+            "INSERT OR IGNORE INTO ref_logps SELECT $1, $2, response_id, logp, n_tokens "
+            "FROM _bradley_ref_rows", [model_hash, template_hash])
 
     def texts(self, ids: Sequence[str]) -> dict[str, str]:
         """Text of each given prompt or response id that exists (for reports quoting a few items)."""

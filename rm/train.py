@@ -286,10 +286,8 @@ def _run_rm(args):
 
 
 def _run_po(args):
-    try:
-        from rm.policy import run_po
-    except ImportError:
-        raise ValueError("bradley train po is not yet available in this build") from None
+    from rm.policy import run_po
+
     return run_po(args)
 
 

@@ -46,15 +46,21 @@ def _add_ingest(sub) -> None:
 
 
 def cmd_ingest(args) -> int:
-    from annotation.ingest import ingest_file
+    from annotation.ingest import IngestError, ingest_file
 
     status = 0
     with _open_store(args) as store:
         for path in args.files:
-            result = ingest_file(store, path, fmt=args.format, on_error=args.on_error,
-                                 progress=sys.stderr.isatty())
+            try:
+                result = ingest_file(store, path, fmt=args.format, on_error=args.on_error,
+                                     progress=sys.stderr.isatty(), source_model=args.source_model)
+            except IngestError as exc:  # abort mode: every bad row, then on to the next file
+                print("\n".join(exc.errors), file=sys.stderr)
+                print(exc.result.summary() if exc.result else f"{path}: nothing written",
+                      file=sys.stderr, flush=True)
+                status = EXIT_ERROR
+                continue
             print(result.summary(), flush=True)
-            status = status or (EXIT_ERROR if result.failed else 0)
     return status
 
 
@@ -86,13 +92,21 @@ def _add_simulate(sub) -> None:
     p.add_argument("--cycle-rate", type=float, default=0.1,
                    help="share of prompts where two rater groups judge by different criteria")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--raters-per-pair", type=int, default=3)
+    p.add_argument("--pairs-per-prompt", type=int, default=None, help="default: every pair")
+    p.add_argument("--ai-raters", type=int, default=1, help="how many raters are ai:… judges")
+    p.add_argument("--noisy-share", type=float, default=0.25, help="share of noisy raters")
+    p.add_argument("--adversarial-share", type=float, default=0.125,
+                   help="share of adversarial raters (report the opposite verdict)")
+    p.add_argument("--tie-rate", type=float, default=0.05)
 
 
 def cmd_simulate(args) -> int:
     from annotation.simulate import SimulationConfig, simulate
 
-    config = SimulationConfig(prompts=args.prompts, responses=args.responses, raters=args.raters,
-                              length_bias=args.length_bias, cycle_rate=args.cycle_rate, seed=args.seed)
+    names = ("prompts", "responses", "raters", "length_bias", "cycle_rate", "seed", "raters_per_pair",
+             "pairs_per_prompt", "ai_raters", "noisy_share", "adversarial_share", "tie_rate")
+    config = SimulationConfig(**{name: getattr(args, name) for name in names})
     _print_json(simulate(args.out, config))
     return 0
 
@@ -103,11 +117,14 @@ def cmd_simulate(args) -> int:
 def _add_report(sub) -> None:
     p = sub.add_parser("report", help="length bias, agreement, cycles and loss floors of the store")
     p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
-    p.add_argument("--snapshot", default=None)
-    p.add_argument("--html", default=None, metavar="OUT")
-    p.add_argument("--json", default=None, metavar="OUT")
+    p.add_argument("--snapshot", default=None,
+                   help="re-read exactly what an earlier report or training run read (its snapshot id)")
+    p.add_argument("--html", default=None, metavar="OUT", help="write one self-contained HTML page")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the full report as JSON")
     p.add_argument("--fail-on", default=None, metavar="RULES",
-                   help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05': exit 3 when crossed")
+                   help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05' (names: length_bias, slope, "
+                        "alpha, agreement, gap, entropy_floor, bt_floor, cyclic_triads, or a dotted "
+                        "path into the JSON): exit 3 when crossed")
 
 
 def cmd_report(args) -> int:
@@ -140,13 +157,23 @@ def _add_train(sub) -> None:
         q.add_argument("--max-length", type=int, default=512)
         q.add_argument("--seed", type=int, default=0)
         q.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
+        q.add_argument("--val-fraction", type=float, default=0.1,
+                       help="share of prompts held out for validation (split by prompt hash)")
+        q.add_argument("--eval-every", type=int, default=None, help="optimizer steps between evals")
+        q.add_argument("--patience", type=int, default=3,
+                       help="evaluations without a better validation loss before stopping early")
+        q.add_argument("--warmup-ratio", type=float, default=0.1)
     rm.add_argument("--soft-labels", action="store_true", help="train on vote shares p̂, not majorities")
     rm.add_argument("--margin", action="store_true", help="use judgment strength as a BT margin")
     rm.add_argument("--center", type=float, default=0.0, help="reward-centering coefficient λ")
     po.add_argument("--beta", type=float, default=0.1)
     po.add_argument("--gamma", type=float, default=0.5, help="SimPO target margin")
     po.add_argument("--lambda", dest="lam", type=float, default=0.1, help="ORPO odds-ratio weight")
-    po.add_argument("--label-smoothing", type=float, default=0.0)
+    po.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="DPO: assumed share of flipped labels (conservative DPO)")
+    po.add_argument("--robust", action="store_true", help="DPO: unbiased robust variant of the smoothing")
+    po.add_argument("--desirable-weight", type=float, default=1.0, help="KTO weight λ_D")
+    po.add_argument("--undesirable-weight", type=float, default=1.0, help="KTO weight λ_U")
 
 
 def cmd_train(args) -> int:
@@ -177,10 +204,13 @@ def cmd_eval(args) -> int:
 
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="HTTP service: /score, uploads, reports, metrics")
-    p.add_argument("--host", default=None, help="default 127.0.0.1")
-    p.add_argument("--port", type=int, default=None, help="default 8000")
+    p = sub.add_parser("serve", help="HTTP service: /score, uploads, reports, metrics",
+                       description="Every setting also reads BRADLEY_<NAME> from the environment "
+                       "(BRADLEY_API_KEYS, BRADLEY_MAX_WAIT_MS, ...; see service/settings.py).")
+    p.add_argument("--host", default=None, help="default 127.0.0.1 (env BRADLEY_HOST)")
+    p.add_argument("--port", type=int, default=None, help="default 8000 (env BRADLEY_PORT)")
     p.add_argument("--model", default=None, help="model id in the store or a model folder")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (env BRADLEY_DEVICE)")
     p.add_argument("--read-only", action="store_true", help="serve scores only; refuse writes")
 
 
@@ -260,7 +290,10 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bradley", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="bradley",
+        description="Preference data and reward models: ingest comparisons, analyse them, train a "
+                    "Bradley-Terry reward model or a policy, and serve scores over HTTP.")
     parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
                         help="DuckDB store (env BRADLEY_DB; default bradley.duckdb)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

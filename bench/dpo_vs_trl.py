@@ -1,0 +1,183 @@
+"""Benchmark: bradley's DPO (`bradley train po --loss dpo`) against TRL's DPOTrainer (sigmoid loss).
+
+The DPO half of bench/train_vs_trl.py (which imports `run` from here); alone it prints its own JSON
+line. Same ~5M-parameter Llama-style causal LM built from a config (hidden 256, 4 layers), the
+same 256 synthetic pairs, batch 8, max length 256, the same optimizer steps, learning rate, warmup
++ cosine schedule and clipping, CPU, 2 threads. Each side runs as its own process, so its peak RSS
+(ru_maxrss from wait4) is its own.
+
+Ours runs end to end through the CLI on a fresh store: the first run includes the one-time
+reference pass in its time (`dpo_steps_per_s`); a second run on the same store finds every
+reference log-prob cached (`dpo_cached_steps_per_s`). Both train on whole batches of 8 pairs. A
+third, lean run takes the same batches as micro-batches of `--lean-micro-batch` pairs with
+accumulated gradients (the same optimizer steps; activation memory follows the micro-batch):
+`dpo_lean_*`. TRL's DPOConfig turns gradient checkpointing on by default; that is left as it is.
+
+Run: `nice -n 10 .venv/bin/python bench/dpo_vs_trl.py` (TRL's venv is created on first use).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+TRL_DPO_SCRIPT = r'''
+import json, sys
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import DPOConfig, DPOTrainer
+a = json.loads(sys.argv[1])
+torch.set_num_threads(a["threads"])
+tok = AutoTokenizer.from_pretrained(a["model"])
+model = AutoModelForCausalLM.from_pretrained(a["model"])
+rows = [json.loads(l) for l in open(a["train"])]
+cfg = DPOConfig(output_dir=a["out"], per_device_train_batch_size=a["batch"], max_steps=a["steps"],
+                learning_rate=a["lr"], lr_scheduler_type="cosine", warmup_steps=a["warmup_steps"],
+                max_grad_norm=1.0, weight_decay=0.0, beta=a["beta"], loss_type=["sigmoid"],
+                max_length=a["max_length"], seed=0, logging_steps=1, save_strategy="no",
+                eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
+trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
+out = trainer.train()
+losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_runtime"],
+                  "first_loss": losses[0], "final_loss": losses[-1]}))
+'''
+
+
+def run_measured(cmd: list[str], work: Path, name: str) -> tuple[str, float]:
+    """(stdout, peak RSS in MB) of one child process, from its own wait4 rusage."""
+    out_path, err_path = work / f"{name}.out", work / f"{name}.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=work)
+        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, so rusage is this child's alone
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed:\n{err_path.read_text()[-4000:]}")
+    return out_path.read_text(), usage.ru_maxrss / 1024
+
+
+def build_policy(rows: list[dict], folder: Path) -> int:
+    """The tiny causal LM, without a chat template so both sides render `prompt\\n\\nresponse`."""
+    from rm.model import build_tiny_causal_lm, count_parameters
+    from rm.po_train import load_causal_lm
+
+    texts = [t for r in rows for t in (r["prompt"], r["chosen"], r["rejected"])]
+    build_tiny_causal_lm(folder, texts, hidden=256, layers=4, vocab_size=1024)
+    model, tok = load_causal_lm(str(folder))
+    tok.chat_template = None
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    tok.save_pretrained(folder)
+    return count_parameters(model)
+
+
+def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
+    """Two CLI runs on one fresh store: the first fills the reference cache, the second hits it."""
+    db = work / "dpo.duckdb"
+    db.unlink(missing_ok=True)
+    data = work / "dpo_pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bradley = [sys.executable, "-m", "service.cli", "--db", str(db)]
+    subprocess.run(bradley + ["ingest", str(data), "--format", "trl"], check=True, cwd=ROOT,
+                   capture_output=True)
+    train = bradley + ["train", "po", "--loss", "dpo", "--base-model", str(folder), "--steps",
+                       str(args.steps), "--max-length", str(args.max_length), "--lr", str(args.lr),
+                       "--warmup-ratio", str(args.warmup), "--val-fraction", "0", "--beta", str(args.beta)]
+    env_cmd = ["env", f"PYTHONPATH={ROOT}", f"OMP_NUM_THREADS={args.threads}"]
+    whole = ["--batch-size", str(args.batch)]
+    # the same batches of 8 pairs as micro-batches of --lean-micro-batch pairs with accumulated
+    # gradients: the same optimizer steps, a fraction of the activation memory
+    lean = ["--batch-size", str(args.lean_micro_batch),
+            "--grad-accum", str(args.batch // args.lean_micro_batch)]
+    runs = {}
+    for name, shape in (("first", whole), ("cached", whole), ("lean_cached", lean)):
+        shutil.rmtree(work / name, ignore_errors=True)
+        out, rss = run_measured(env_cmd + train + shape + ["--out", str(work / name)], work, name)
+        runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
+    return runs
+
+
+def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
+    from train_vs_trl import ensure_trl_venv
+
+    python = ensure_trl_venv()
+    data = work / "trl_dpo.jsonl"
+    # the text our encoder renders without a chat template: prompt, blank line, response, eos
+    data.write_text("".join(json.dumps({"prompt": r["prompt"] + "\n\n", "chosen": r["chosen"],
+                                        "rejected": r["rejected"]}) + "\n" for r in rows))
+    (work / "trl_dpo.py").write_text(TRL_DPO_SCRIPT)
+    spec = {"model": str(folder), "train": str(data), "out": str(work / "trl-dpo-out"),
+            "batch": args.batch, "steps": args.steps, "lr": args.lr,
+            "warmup_steps": int(args.warmup * args.steps),  # as rm/train.py rounds it
+            "max_length": args.max_length, "threads": args.threads, "beta": args.beta}
+    out, rss = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps(spec)], work, "trl_dpo")
+    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
+
+
+def run(args, work: Path, rows: list[dict]) -> dict:
+    """The DPO figures, as keys of the shared JSON line."""
+    work.mkdir(parents=True, exist_ok=True)
+    folder = work / "policy"
+    n_params = build_policy(rows, folder)
+    trl = run_trl(args, work, folder, rows)
+    ours = run_ours(args, work, folder, rows)
+    first, cached, lean = ours["first"], ours["cached"], ours["lean_cached"]
+    rate = first["steps"] / (first["ref_seconds"] + first["train_seconds"])
+    cached_rate = cached["steps"] / (cached["ref_seconds"] + cached["train_seconds"])
+    lean_rate = lean["steps"] / (lean["ref_seconds"] + lean["train_seconds"])
+    trl_rate = trl["steps"] / trl["train_runtime"]
+    peak = max(first["peak_rss_mb"], cached["peak_rss_mb"])
+    return {
+        "dpo_n_params": n_params, "dpo_steps": args.steps,
+        "dpo_steps_per_s": round(rate, 4), "dpo_cached_steps_per_s": round(cached_rate, 4),
+        "trl_dpo_steps_per_s": round(trl_rate, 4),
+        "dpo_speedup_vs_trl": round(rate / trl_rate, 3),
+        "dpo_cached_speedup_vs_trl": round(cached_rate / trl_rate, 3),
+        "dpo_ref_seconds": first["ref_seconds"], "dpo_ref_computed": first["ref_computed"],
+        "dpo_cached_ref_computed": cached["ref_computed"],
+        "dpo_peak_rss_mb": round(peak, 1), "trl_dpo_peak_rss_mb": round(trl["peak_rss_mb"], 1),
+        "dpo_peak_rss_ratio": round(peak / trl["peak_rss_mb"], 3),
+        # the lean run: micro-batches with accumulation, reference log-probs cached
+        "dpo_lean_micro_batch": args.lean_micro_batch,
+        "dpo_lean_cached_steps_per_s": round(lean_rate, 4),
+        "dpo_lean_peak_rss_mb": round(lean["peak_rss_mb"], 1),
+        "dpo_lean_peak_rss_ratio": round(lean["peak_rss_mb"] / trl["peak_rss_mb"], 3),
+        "trl_dpo_gradient_checkpointing": True,  # DPOConfig's default in TRL 1.16
+        "dpo_first_loss": round(first["first_loss"], 6), "trl_dpo_first_loss": round(trl["first_loss"], 6),
+        "dpo_final_loss": round(first["final_loss"], 6), "trl_dpo_final_loss": round(trl["final_loss"], 6),
+        "dpo_truncated": first["truncated"],
+    }
+
+
+def main() -> None:
+    from train_vs_trl import WORK, synthetic_pairs
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args()
+    started = time.perf_counter()
+    figures = run(args, WORK / "dpo", synthetic_pairs(256, seed=0))
+    print(json.dumps({"benchmark": "dpo_vs_trl", **figures,
+                      "wall_seconds": round(time.perf_counter() - started, 1)}))
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    for flag, kind, default in (("--steps", int, 32), ("--batch", int, 8), ("--max-length", int, 256),
+                                ("--lr", float, 1e-3), ("--warmup", float, 0.1), ("--threads", int, 2),
+                                ("--beta", float, 0.1), ("--lean-micro-batch", int, 1)):
+        if not any(flag in a.option_strings for a in parser._actions):
+            parser.add_argument(flag, type=kind, default=default)
+
+
+if __name__ == "__main__":
+    main()
