@@ -14,7 +14,6 @@ import json
 import shutil
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import torch
@@ -22,6 +21,7 @@ import torch
 from rm import device as devices
 from rm.po_data import PolicyDataError, template_hash
 from rm.policy import PoConfig, po_objective, reference_logps, weights_hash
+from rm.train import new_model_folder
 
 
 class ChosenLogpWatch:
@@ -141,10 +141,7 @@ def _po_config(args) -> PoConfig:
 
 def _plan(args) -> dict:
     """Rank 0: the snapshot's rows (every rank needs them), ids and folders."""
-    model_id = f"{args.loss}-{uuid.uuid4().hex[:12]}"
-    out = Path(args.out or Path("models") / model_id).resolve()
-    if out.exists() and any(out.iterdir()) and not (out / "train_config.json").is_file():
-        raise ValueError(f"--out {out} exists and is not a bradley model folder; choose another")
+    model_id, out = new_model_folder(args.loss, args.out)
     with _open_store(args.db) as store:
         snapshot_id = args.snapshot or store.create_snapshot(args.raters)
         pairs = store.pairs(snapshot_id).to_pylist()

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from pathlib import Path
 
 import torch
 
 from rm import device as devices
-from rm.train import LoopResult, TrainConfig, train_loop
+from rm.train import LoopResult, TrainConfig, new_model_folder, train_loop
 
 
 def bt_objective(soft_labels: bool = False, use_margin: bool = False, center: float = 0.0):
@@ -101,10 +100,7 @@ def _plan(args) -> dict:
 
     from annotation.store import Store
 
-    model_id = f"rm-{uuid.uuid4().hex[:12]}"
-    out = Path(args.out or Path("models") / model_id).resolve()
-    if out.exists() and any(out.iterdir()) and not (out / "train_config.json").is_file():
-        raise ValueError(f"--out {out} exists and is not a bradley model folder; choose another")
+    model_id, out = new_model_folder("rm", args.out)
     with Store(args.db) as store:
         snapshot_id = args.snapshot or store.create_snapshot(args.raters)
         table = store.pairs(snapshot_id)

@@ -21,9 +21,11 @@ from __future__ import annotations
 import math
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -277,6 +279,15 @@ def _short(state) -> dict:
 
 
 # --- the runners behind `bradley train rm|po` -------------------------------------------
+
+
+def new_model_folder(kind: str, out: str | None) -> tuple[str, Path]:
+    """A fresh model id and its output folder; refuses to overwrite a folder that is not a model."""
+    model_id = f"{kind}-{uuid.uuid4().hex[:12]}"
+    folder = Path(out or Path("models") / model_id).resolve()
+    if folder.exists() and any(folder.iterdir()) and not (folder / "train_config.json").is_file():
+        raise ValueError(f"--out {folder} exists and is not a bradley model folder; choose another")
+    return model_id, folder
 
 
 def _run_rm(args):

@@ -6,7 +6,6 @@ from io import StringIO
 
 import numpy as np
 import pytest
-import torch
 
 from annotation.store import Store
 from rm.evaluate import (
@@ -18,15 +17,6 @@ from rm.evaluate import (
 )
 from service import cli
 from tests.rm.test_train import synthetic_pairs, write_pairs
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run far faster on one CPU thread (rm/device.py, SMALL_MODEL)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def test_accuracy_excludes_tied_votes_and_halves_equal_rewards():

@@ -17,14 +17,6 @@ from rm.model import (
 TEXTS = [f"the answer to question {i} is clear and correct, not vague {i * 7}" for i in range(40)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run far faster on one CPU thread (rm/device.py, SMALL_MODEL)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 
 def _mixed_batch(n=32, seed=0):

@@ -24,14 +24,6 @@ GOOD = ("correct", "clear", "helpful", "precise")
 BAD = ("wrong", "vague", "useless", "sloppy")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run far faster on one CPU thread (rm/device.py, SMALL_MODEL)."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 
 def synthetic_pairs(n: int, seed: int = 0) -> list[tuple[str, str, str]]:
