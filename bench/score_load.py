@@ -18,11 +18,17 @@ items_per_s, p50_ms, p99_ms, ratio_vs_offline (served / ceiling), ratio_vs_per_r
 naive); `models` has every phase of both models; requests_total and errors count all phases.
 Goals: ratio_vs_offline >= 0.8, ratio_vs_per_request >= 3, 20,000 requests with zero errors.
 
-Both servers and the ceiling run the forward on --torch-threads threads (default 1, so on a 2-core
-machine the HTTP side keeps a core). On a CPU the per-request goal is out of reach by physics, not
-by overhead: a ~100-token sequence already fills the matmuls, so a batch of 64 costs 64 single
-forwards plus its padding; the server therefore pads nothing on CPU (BRADLEY_MAX_PADDING unset).
-On a GPU a single-row forward leaves the device mostly idle and batching is where the gain is.
+Fairness: the ceiling, the naive server and `bradley serve` run the forward on the same
+--torch-threads intra-op threads (default: every core this process may use; torch.set_num_threads
+in all three, OMP_NUM_THREADS for the servers). Each phase reports the CPU share (cores busy) of the
+server process and of the load generator, so a client eating a core would show.
+
+On a CPU the per-request goal is out of reach by physics, not by overhead: a ~100-token sequence
+already fills the matmuls, so a batch of 64 costs about 64 single forwards. The bench measures that
+bound directly: `offline_single_items_per_s` is the same model on the same items one row per forward,
+and `per_request_bound` = ceiling / offline_single is the most any batching server could gain over a
+naive one here (ratio_vs_per_request can only exceed it by the naive server's HTTP overhead). On a
+GPU a single-row forward leaves the device mostly idle and batching is where the gain is.
 
     nice -n 10 .venv/bin/python bench/score_load.py [--scale 1.0]
 """
@@ -34,6 +40,7 @@ import asyncio
 import gzip
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -101,8 +108,19 @@ async def _one_client(port: int, bodies: list[bytes], latencies: list[float], er
         writer.close()
 
 
-def drive(port: int, items: list, requests: int, per_request: int) -> dict:
-    """64 clients, each sending its share of `requests` one after another."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> dict:
+    """64 clients, each sending its share of `requests` one after another; `pid` is the server's."""
     bodies = []
     for i in range(requests):
         chosen = [items[(i * per_request + k) % len(items)] for k in range(per_request)]
@@ -114,14 +132,17 @@ def drive(port: int, items: list, requests: int, per_request: int) -> dict:
         shares = [bodies[c::CLIENTS] for c in range(CLIENTS)]
         await asyncio.gather(*(_one_client(port, s, latencies, errors) for s in shares if s))
 
-    started = time.perf_counter()
+    server_cpu, client_cpu, started = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
     asyncio.run(main())
     seconds = time.perf_counter() - started
+    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, own_cpu_seconds() - client_cpu
     latencies.sort()
     pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
     return {"requests": requests, "items_per_s": round(requests * per_request / seconds, 1),
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
-            "error_kinds": sorted({str(e) for e in errors})[:5]}
+            "error_kinds": sorted({str(e) for e in errors})[:5],
+            "server_cpu_share": round(server_cpu / seconds, 2),
+            "client_cpu_share": round(client_cpu / seconds, 2)}
 
 
 # --- servers ---------------------------------------------------------------------------------
@@ -155,11 +176,13 @@ def stop(proc: subprocess.Popen) -> None:
 
 def naive_server(model_dir: str, port: int) -> None:
     """One forward per request, run inside the request handler: OpenRLHF serve_rm.py's shape."""
+    import torch
     import uvicorn
     from fastapi import FastAPI
 
     from rm.model import RewardModel
 
+    torch.set_num_threads(int(os.environ["BRADLEY_TORCH_THREADS"]))
     model = RewardModel.load(model_dir, device="cpu")
     app = FastAPI()
 
@@ -180,21 +203,24 @@ def naive_server(model_dir: str, port: int) -> None:
 
 
 
-def offline_ceiling(model_dir: str, items: list, budget: int) -> float:
+def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
+                 seconds: float = 8.0) -> float:
+    """Items/s of RewardModel.score_encoded on pre-tokenized items in globally length-sorted
+    forwards of at most `rows` rows and `budget` padded tokens (rows=1: one forward per item)."""
     from rm.model import RewardModel
     from service.batcher import plan_forwards
 
     model = RewardModel.load(model_dir, device="cpu")
     ids = model.encode([p for p, _ in items], [r for _, r in items])
-    forwards = plan_forwards([len(x) for x in ids], budget, 256)
+    forwards = plan_forwards([len(x) for x in ids], budget, rows)
     model.score_encoded([ids[i] for i in forwards[0]])  # warm-up
     started = time.perf_counter()
-    rounds = 0
-    while rounds < 2 or time.perf_counter() - started < 8:
+    done = 0
+    while done < 2 * len(ids) or time.perf_counter() - started < seconds:
         for forward in forwards:
             model.score_encoded([ids[i] for i in forward])
-        rounds += 1
-    return len(ids) * rounds / (time.perf_counter() - started)
+        done += len(ids)
+    return done / (time.perf_counter() - started)
 
 
 def served(folder: str, items: list, n: dict, env: dict) -> dict:
@@ -203,9 +229,9 @@ def served(folder: str, items: list, n: dict, env: dict) -> dict:
             "serve", "--read-only", "--port", str(port), "--model", folder]
     server = start(argv, port, env)
     try:
-        drive(port, items, CLIENTS * 4, 1)  # warm-up
-        return {"single": drive(port, items, n["single"], 1),
-                "batch8": drive(port, items, n["batch8"], 8)}
+        drive(port, items, CLIENTS * 4, 1, server.pid)  # warm-up
+        return {"single": drive(port, items, n["single"], 1, server.pid),
+                "batch8": drive(port, items, n["batch8"], 8, server.pid)}
     finally:
         stop(server)
 
@@ -214,8 +240,8 @@ def naive(folder: str, items: list, n: dict, env: dict) -> dict:
     port = free_port()
     server = start([sys.executable, __file__, "--naive", folder, str(port)], port, env)
     try:
-        drive(port, items, CLIENTS, 1)
-        return {"naive": drive(port, items, n["naive"], 1)}
+        drive(port, items, CLIENTS, 1, server.pid)
+        return {"naive": drive(port, items, n["naive"], 1, server.pid)}
     finally:
         stop(server)
 
@@ -230,13 +256,16 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     model = RewardModel.load(folder, device="cpu")
     out = {"parameters": count_parameters(model.net),
            "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1)}
-    before = offline_ceiling(folder, items, args.batch_tokens)
+    before = offline_rate(folder, items, args.batch_tokens)
+    single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=4.0)
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
     # other work on a shared machine moves every figure: the ceiling is the better of two
     # measurements taken around the served runs
-    after = offline_ceiling(folder, items, args.batch_tokens)
+    after = offline_rate(folder, items, args.batch_tokens)
     out["ceiling_items_per_s"] = round(max(before, after), 1)
     out["ceiling_before_after"] = [round(before, 1), round(after, 1)]
+    out["offline_single_items_per_s"] = round(single, 1)
+    out["per_request_bound"] = round(out["ceiling_items_per_s"] / single, 2)
     out["ratio_vs_offline"] = round(out["single"]["items_per_s"] / out["ceiling_items_per_s"], 3)
     out["ratio_vs_per_request"] = round(out["single"]["items_per_s"] / out["naive"]["items_per_s"], 2)
     return out
@@ -251,13 +280,15 @@ def summary(results: dict, args) -> dict:
         "items_per_s": main_case["single"]["items_per_s"], "p50_ms": main_case["single"]["p50_ms"],
         "p99_ms": main_case["single"]["p99_ms"], "ratio_vs_offline": main_case["ratio_vs_offline"],
         "ratio_vs_per_request": main_case["ratio_vs_per_request"],
+        "per_request_bound": main_case["per_request_bound"],
         "served_requests": sum(p["requests"] for p in served_phases),
         "served_errors": sum(p["errors"] for p in served_phases),
         "requests_total": sum(p["requests"] for p in phases), "errors": sum(p["errors"] for p in phases),
         "ceiling": f"offline RewardModel.score_encoded on pre-tokenized items, globally length-sorted "
-                   f"forwards of <={args.batch_tokens} padded tokens, {args.torch_threads} torch "
-                   "thread(s) as the servers, in the bench process with no server running; the "
-                   "better of two 8 s runs, before and after the served runs",
+                   f"forwards of <={args.batch_tokens} padded tokens, in the bench process with no server "
+                   "running; the better of two 8 s runs, before and after the served runs",
+        "threads": f"{args.torch_threads} intra-op thread(s) for the ceiling, the naive server and "
+                   "bradley serve alike (torch.set_num_threads, OMP_NUM_THREADS)",
         "torch_threads": args.torch_threads, "batch_tokens": args.batch_tokens, "scale": args.scale,
         "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
         "models": results}
@@ -266,9 +297,9 @@ def summary(results: dict, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every request count")
-    parser.add_argument("--torch-threads", type=int, default=1,
-                        help="forward threads of both servers and the ceiling (default 1: on a small "
-                             "machine the HTTP side needs a core of its own)")
+    parser.add_argument("--torch-threads", type=int, default=len(os.sched_getaffinity(0)),
+                        help="forward threads of both servers and the ceiling (default: every core "
+                             "this process may use, what `bradley serve` takes on a CPU)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="BRADLEY_MAX_BATCH_TOKENS")
     parser.add_argument("--naive", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,11 +26,12 @@ log = logging.getLogger("bradley.service")
 UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
                   "webhooks/label-studio": "label-studio"}
 LARGE_REQUEST_ITEMS = 64  # tokenize bigger requests off the event loop
-# Padding allowed per real token when BRADLEY_MAX_PADDING is unset. Measured here (2-core CPU, 5M
-# model, 64 clients, ~114-token items): a CPU forward gains nothing from batch size and pays for
-# every padded token: unbounded padding served 31.6 items/s, 0.1 served 44-54, 0 served 59-78 (only
-# equal lengths share a forward). A GPU is the opposite: big batches, padding nearly free.
-AUTO_PADDING = {"cpu": 0.0, "cuda": 1.0}
+# Padding allowed per real token when BRADLEY_MAX_PADDING is unset. Measured here (2-core CPU, 64
+# single-sample clients, 2 forward threads): the 5M model (~114 tokens/item) is compute-bound and
+# served 149 items/s with 0 and 148 with 0.1; the tiny model is bound by the GIL (event loop and
+# forward dispatch share one interpreter), so fewer, fuller forwards pay: 449 items/s with 0, 593
+# with 0.2. Unbounded padding costs the 5M model a third. A GPU wants big batches, padding is cheap.
+AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
 
 
 class NotReady(ValueError):
@@ -101,11 +103,8 @@ class Service:
         from rm.model import RewardModel
 
         model_id, path = self._resolve(ref)
-        if self.settings.torch_threads:
-            import torch
-
-            torch.set_num_threads(self.settings.torch_threads)
         rm = RewardModel.load(path, device=self.settings.device)
+        _set_threads(self.settings.torch_threads, rm.device.type)
         return LoadedModel(model_id or rm.model_id or Path(path).name, str(path), rm)
 
     def _resolve(self, ref: str) -> tuple[str | None, str]:
@@ -190,6 +189,17 @@ class Service:
         outcome = "failed" if result.failed else ("duplicate" if result.duplicate else "ok")
         self.metrics.on_ingest(route, result.rows_ok, result.rows_rejected, outcome)
         return result
+
+
+def _set_threads(threads: int | None, device: str) -> None:
+    """One batcher thread runs every forward, so on a CPU it gets every core this process may use
+    (BRADLEY_TORCH_THREADS or OMP_NUM_THREADS override): the event loop needs a small share."""
+    import torch
+
+    if threads is None and device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        threads = len(os.sched_getaffinity(0))
+    if threads:
+        torch.set_num_threads(threads)
 
 
 def _open_store(settings: Settings):

@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     db: str = "bradley.duckdb"
     model: str | None = None              # model id in the store, or a model folder
     device: str = "auto"
-    torch_threads: int | None = Field(None, ge=1)  # CPU threads for the forward (default: torch's)
+    torch_threads: int | None = Field(None, ge=1)  # forward threads (default: every usable core)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     # Comma-separated in the environment; NoDecode keeps pydantic-settings from expecting JSON.

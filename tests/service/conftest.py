@@ -26,6 +26,24 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def one_forward_thread():
+    """The service gives its model every core by default; tests share 2 cores with the rest of the
+    suite, so servers here run one forward thread, and the session's thread count is restored."""
+    import os
+
+    import torch
+
+    previous, saved = torch.get_num_threads(), os.environ.get("BRADLEY_TORCH_THREADS")
+    os.environ["BRADLEY_TORCH_THREADS"] = "1"
+    yield
+    torch.set_num_threads(previous)
+    if saved is None:
+        os.environ.pop("BRADLEY_TORCH_THREADS", None)
+    else:
+        os.environ["BRADLEY_TORCH_THREADS"] = saved
+
+
 @pytest.fixture(scope="session")
 def hh_items(shared_data) -> list[tuple[str, str]]:
     """(prompt, response) pairs from the first 100 hh-rlhf test pairs (chosen and rejected)."""

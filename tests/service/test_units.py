@@ -105,3 +105,30 @@ def test_bad_settings_name_the_variable_and_hide_keys(monkeypatch):
     monkeypatch.delenv("BRADLEY_API_KEYS")
     with pytest.raises(SettingsError, match="BRADLEY_MAX_WAIT_MS"):
         load_settings(max_wait_ms=-1)
+
+
+@pytest.mark.parametrize(("threads", "omp", "device", "expected"), [
+    (None, None, "cpu", "cores"),  # the single model worker takes every usable core
+    (3, None, "cpu", 3),           # BRADLEY_TORCH_THREADS wins
+    (None, "1", "cpu", "unchanged"),  # OMP_NUM_THREADS is the operator's: left alone
+    (None, None, "cuda", "unchanged"),  # a GPU forward does not need CPU threads
+])
+def test_forward_threads(monkeypatch, threads, omp, device, expected):
+    import os
+
+    import torch
+
+    from service.runtime import _set_threads
+
+    previous = torch.get_num_threads()
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    if omp:
+        monkeypatch.setenv("OMP_NUM_THREADS", omp)
+    torch.set_num_threads(5)
+    try:
+        _set_threads(threads, device)
+        got = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(previous)
+    cores = len(os.sched_getaffinity(0))
+    assert got == {"cores": cores, "unchanged": 5}.get(expected, expected)
