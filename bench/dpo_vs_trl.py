@@ -8,7 +8,9 @@ same 256 synthetic pairs, batch 8, max length 256, the same optimizer steps, lea
 
 Ours runs end to end through the CLI on a fresh store: the first run includes the one-time
 reference pass in its time (`dpo_steps_per_s`); a second run on the same store finds every
-reference log-prob cached (`dpo_cached_steps_per_s`). Both train on whole batches of 8 pairs. A
+reference log-prob cached (`dpo_cached_steps_per_s`). Both take optimizer steps over batches of 8
+pairs, each cut into equal micro-batches by rm/po_train.py's token budget per forward
+(`dpo_micro_batches`: 2 at max length 256; the accumulated gradient is the whole batch's). A
 third, lean run takes the same batches as micro-batches of `--lean-micro-batch` pairs with
 accumulated gradients (the same optimizer steps; activation memory follows the micro-batch):
 `dpo_lean_*`. TRL's DPOConfig turns gradient checkpointing on by default; that is left as it is.
@@ -126,6 +128,8 @@ def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
 
 def run(args, work: Path, rows: list[dict]) -> dict:
     """The DPO figures, as keys of the shared JSON line."""
+    from rm.po_train import micro_split
+
     work.mkdir(parents=True, exist_ok=True)
     folder = work / "policy"
     n_params = build_policy(rows, folder)
@@ -139,6 +143,7 @@ def run(args, work: Path, rows: list[dict]) -> dict:
     peak = max(first["peak_rss_mb"], cached["peak_rss_mb"])
     return {
         "dpo_n_params": n_params, "dpo_steps": args.steps,
+        "dpo_micro_batches": micro_split(args.batch, args.max_length),
         "dpo_steps_per_s": round(rate, 4), "dpo_cached_steps_per_s": round(cached_rate, 4),
         "trl_dpo_steps_per_s": round(trl_rate, 4),
         "dpo_speedup_vs_trl": round(rate / trl_rate, 3),

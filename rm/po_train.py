@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rm import device as devices
@@ -201,26 +202,55 @@ def _reference(args, model, tokenizer, data, device, info) -> dict:
     return ref["values"]
 
 
+MICRO_BATCH_TOKENS = 2048
+
+
+def micro_split(batch_size: int, max_length: int, paired: bool = True) -> int:
+    """Into how many micro-batches each batch of pairs is cut so that a forward holds at most
+    MICRO_BATCH_TOKENS padded tokens (chosen and rejected rows both count).
+
+    Activation memory follows the padded tokens of one forward; the paired losses are means of
+    per-pair terms, so the gradient accumulated over equal parts is the whole batch's — the same
+    optimizer steps for a fraction of the memory, without recomputing activations. KTO's reference
+    point z0 is a batch statistic, so its batches stay whole.
+
+    The count is a divisor of the batch size, so the parts are equal and the mean of their means
+    is the batch mean (the smaller last batch of an epoch, if any, is cut as evenly as it goes).
+
+    >>> micro_split(8, 256), micro_split(8, 128), micro_split(8, 400), micro_split(8, 256, False)
+    (2, 1, 4, 1)
+    """
+    need = -(-2 * batch_size * max_length // MICRO_BATCH_TOKENS)
+    if not paired or need <= 1:
+        return 1
+    return next(d for d in range(need, batch_size + 1) if batch_size % d == 0)
+
+
 def _train(args, plan, model, tokenizer, data, ref, device, info):
     from rm import po_data
     from rm.model import save_model
     from rm.train import TrainConfig, train_loop
 
     train_idx, val_idx = data.split(args.val_fraction)
+    groups = po_data.batches(data, train_idx, args.batch_size, args.seed, info.rank, info.world_size)
+    # a ragged last batch is cut into no more parts than it has pairs (sizes repeat every epoch)
+    split = min([micro_split(args.batch_size, args.max_length, data.paired)] + [len(g) for g in groups])
     config = TrainConfig(lr=args.lr or (1e-3 if args.base_model == "tiny" else 5e-6),
                          epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
-                         grad_accum=args.grad_accum, warmup_ratio=args.warmup_ratio,
+                         grad_accum=args.grad_accum * split, warmup_ratio=args.warmup_ratio,
                          eval_every=args.eval_every, patience=args.patience,
                          max_seconds=args.max_seconds, seed=args.seed)
     plan["record"] = {"model_id": plan["model_id"], "kind": args.loss, "base_model": args.base_model,
                       "snapshot_id": plan["snapshot_id"], "raters": args.raters,
                       "max_length": args.max_length, "val_fraction": args.val_fraction,
-                      "world_size": info.world_size, **vars(_po_config(args)), **config.as_dict()}
-    log = StepLog(po_objective(_po_config(args)), args.grad_accum, enabled=info.is_main)
+                      "world_size": info.world_size, **vars(_po_config(args)), **config.as_dict(),
+                      "grad_accum": args.grad_accum, "micro_batches": split}
+    log = StepLog(po_objective(_po_config(args)), args.grad_accum * split, enabled=info.is_main)
 
     def epoch_batches(epoch: int):
-        return po_data.batches(data, train_idx, args.batch_size, args.seed + epoch, info.rank,
-                               info.world_size)
+        groups = po_data.batches(data, train_idx, args.batch_size, args.seed + epoch, info.rank,
+                                 info.world_size)
+        return [list(part) for g in groups for part in np.array_split(g, split)]
 
     val = po_data.batches(data, val_idx, args.batch_size, 0, info.rank, info.world_size, shuffle=False)
     result = train_loop(

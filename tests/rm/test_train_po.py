@@ -151,3 +151,16 @@ def test_bad_hyperparameters_exit_cleanly(tmp_path, capsys, flag, value):
 def test_empty_store_is_a_clear_error(store, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="bradley ingest"):
         run(po_args(tmp_path, "dpo"), store, monkeypatch)
+
+
+def test_micro_batches_give_the_whole_batch_training(filled, tmp_path, monkeypatch):
+    """Cutting each batch of pairs into equal micro-batches (a forward's token budget) accumulates
+    the whole batch's gradient: the same losses and margins as one forward per batch."""
+    whole = run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
+    monkeypatch.setattr(po_train, "MICRO_BATCH_TOKENS", 2 * N_PAIRS * 96 // 4)
+    cut = run(po_args(tmp_path / "cut", "dpo", "--val-fraction", "0"), filled, monkeypatch)
+    assert po_train.micro_split(N_PAIRS, 96) == 4
+    assert cut["first_loss"] == pytest.approx(math.log(2), abs=1e-4)
+    for key in ("first_loss", "final_loss", "final_margin"):
+        assert cut[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-5)
+    assert cut["steps"] == whole["steps"] == 6
