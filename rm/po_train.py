@@ -22,7 +22,7 @@ import torch
 from rm import device as devices
 from rm.po_data import PolicyDataError, template_hash
 from rm.policy import PoConfig, po_objective, reference_logps, weights_hash
-from rm.train import new_model_folder
+from rm.train import new_model_folder, run_planned
 
 
 class ChosenLogpWatch:
@@ -109,23 +109,16 @@ def run(args) -> dict | None:
     cache, registration), and the policy is written to a hidden partial folder that is moved into
     place only when training succeeded, so a failed run leaves nothing half-written.
     """
-    device, info = devices.setup(args.device)
-    plan = None
-    try:
+    po_objective(_po_config(args))  # a bad --loss fails before any work
+
+    def work(plan, device, info):
         devices.set_threads(device, info)
-        torch.manual_seed(args.seed)
-        po_objective(_po_config(args))  # a bad --loss fails before any work
-        plan = devices.broadcast_json(_plan(args) if info.is_main else None, info, device)
         model, tokenizer, data = _prepare(args, plan, device, info)
         ref = _reference(args, model, tokenizer, data, device, info)
         result, log = _train(args, plan, model, tokenizer, data, ref, device, info)
         return _publish(args, plan, result, log, data, info) if info.is_main else None
-    except BaseException:
-        if info.is_main and plan is not None:
-            shutil.rmtree(plan["partial"], ignore_errors=True)
-        raise
-    finally:
-        devices.teardown()
+
+    return run_planned(args, _plan, work)
 
 
 def _open_store(path):

@@ -19,10 +19,8 @@ import json
 import shutil
 from pathlib import Path
 
-import torch
-
 from rm import device as devices
-from rm.train import LoopResult, TrainConfig, new_model_folder, train_loop
+from rm.train import LoopResult, TrainConfig, new_model_folder, run_planned, train_loop
 
 
 def bt_objective(soft_labels: bool = False, use_margin: bool = False, center: float = 0.0):
@@ -67,30 +65,12 @@ def run_rm(args) -> dict | None:
     training succeeded, so a failed run leaves nothing half-written.
     """
     bt_objective(args.soft_labels, args.margin, args.center)  # refuse bad options before any work
-    device, info = devices.setup(args.device)
-    plan, threads = None, torch.get_num_threads()
-    try:
-        torch.manual_seed(args.seed)
-        plan = devices.broadcast_json(_plan_or_error(args) if info.is_main else None, info, device)
-        if "error" in plan:  # every rank stops with rank 0's message instead of hanging
-            message, plan = plan["error"], None
-            raise ValueError(message)
+
+    def work(plan, device, info):
         result, counts, config = _train_rm(args, plan, device, info)
         return _publish(args, plan, result, counts, config, info) if info.is_main else None
-    except BaseException:
-        if info.is_main and plan is not None:
-            shutil.rmtree(plan["partial"], ignore_errors=True)
-        raise
-    finally:
-        torch.set_num_threads(threads)  # the caller's setting, e.g. a test session's
-        devices.teardown()
 
-
-def _plan_or_error(args) -> dict:
-    try:
-        return _plan(args)
-    except ValueError as exc:
-        return {"error": str(exc)}
+    return run_planned(args, _plan, work)
 
 
 def _plan(args) -> dict:

@@ -19,6 +19,7 @@ stopping.
 from __future__ import annotations
 
 import math
+import shutil
 import sys
 import time
 import uuid
@@ -279,6 +280,40 @@ def _short(state) -> dict:
 
 
 # --- the runners behind `bradley train rm|po` -------------------------------------------
+
+
+def run_planned(args, make_plan: Callable, work: Callable) -> dict | None:
+    """The frame every training command shares, under torchrun or not.
+
+    Rank 0 alone runs `make_plan(args)` (it opens the DuckDB file) and broadcasts the plan; a
+    ValueError there reaches every rank as the same error instead of leaving them waiting. Then
+    `work(plan, device, info)` runs on every rank. On failure the plan's `partial` folder is removed,
+    so nothing half-written remains; the caller's torch thread count is restored either way.
+    """
+    device, info = devices.setup(args.device)
+    plan, threads = None, torch.get_num_threads()
+    try:
+        torch.manual_seed(args.seed)
+        plan = devices.broadcast_json(_plan_or_error(make_plan, args) if info.is_main else None,
+                                      info, device)
+        if "error" in plan:
+            message, plan = plan["error"], None
+            raise ValueError(message)
+        return work(plan, device, info)
+    except BaseException:
+        if info.is_main and plan is not None:
+            shutil.rmtree(plan["partial"], ignore_errors=True)
+        raise
+    finally:
+        torch.set_num_threads(threads)
+        devices.teardown()
+
+
+def _plan_or_error(make_plan: Callable, args) -> dict:
+    try:
+        return make_plan(args)
+    except ValueError as exc:
+        return {"error": str(exc)}
 
 
 def new_model_folder(kind: str, out: str | None) -> tuple[str, Path]:
