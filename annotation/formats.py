@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from annotation.store import ID_SEPARATOR, canonical_json, content_id, render_messages
+from annotation.ids import ID_SEPARATOR, canonical_json, content_id, render_messages
 
 ANONYMOUS = "human:anonymous"
 RATER_PREFIXES = ("human:", "ai:")

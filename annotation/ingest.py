@@ -34,9 +34,9 @@ import pyarrow.compute as pc
 
 from annotation import formats
 from annotation.formats import with_ids
+from annotation.ids import canonical_json
 from annotation.readers import BATCH_ROWS, Part, Record, open_parts, read_ahead, source_sha256
 from annotation.seen import SeenIds
-from annotation.store import canonical_json
 
 ON_ERROR = ("abort", "skip")
 MAX_LISTED_ERRORS = 1000

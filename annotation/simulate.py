@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from annotation.store import content_id, prompt_id, response_id
+from annotation.ids import content_id, prompt_id, response_id
 
 GOOD_WORDS = ("clear", "exact", "valid", "sound", "solid", "tested", "proven", "careful", "correct",
               "precise", "concise", "helpful", "thorough", "accurate", "rigorous", "relevant")

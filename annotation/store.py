@@ -5,13 +5,10 @@ Nothing outside this module writes SQL. Every query is parameterized; table name
     >>> store = Store(":memory:")
     >>> store.schema_version()
     1
-    >>> prompt_id("What is 2+2?") == prompt_id("What is 2+2?")
-    True
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 import uuid
@@ -23,6 +20,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
+from annotation.ids import canonical_json, content_id
+
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 1
 # version -> SQL that upgrades a store from version-1 to version. Append here; never edit a shipped entry.
@@ -31,7 +30,6 @@ MIGRATIONS: dict[int, str] = {}
 TABLES = ("prompts", "responses", "judgments", "feedback", "batches", "rejects",
           "snapshots", "models", "ref_logps")
 RATER_KINDS = {"human": "human:", "ai": "ai:"}
-ID_SEPARATOR = "\x1f"
 
 
 class StoreError(ValueError):
@@ -40,34 +38,6 @@ class StoreError(ValueError):
 
 class StoreLockedError(StoreError):
     """Another process holds the DuckDB file (DuckDB allows one writer, and no reader beside it)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Content-derived ids. The SQL equivalent (for set-based ingest) is
-#   left(sha256(concat_ws(chr(31), part1, part2, ...)), 24)
-
-
-def content_id(*parts: str) -> str:
-    """24 hex characters of sha256 over the parts joined by the unit separator (0x1f)."""
-    return hashlib.sha256(ID_SEPARATOR.join(parts).encode("utf-8")).hexdigest()[:24]
-
-
-def canonical_json(value) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def prompt_id(prompt: str | Sequence[dict]) -> str:
-    """Id of a prompt given as text or as a list of {"role", "content"} messages."""
-    return content_id(prompt if isinstance(prompt, str) else canonical_json(list(prompt)))
-
-
-def response_id(prompt_key: str, text: str) -> str:
-    return content_id(prompt_key, text)
-
-
-def render_messages(messages: Sequence[dict]) -> str:
-    """Plain-text rendering of a conversation, used as prompts.text when no chat template applies."""
-    return "\n\n".join(f"{m['role']}: {m['content']}" for m in messages)
 
 
 def rater_prefix(raters: str | None) -> str | None:

@@ -11,8 +11,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import annotation.ingest as ingest_mod
+from annotation.ids import prompt_id
 from annotation.ingest import IngestError, ingest_file, ingest_records
-from annotation.store import prompt_id
 
 ROWS = [
     {"prompt": "What is 2+2?", "response_a": "4", "response_b": "5", "winner": "a", "rater": "alice",

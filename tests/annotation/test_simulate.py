@@ -80,7 +80,7 @@ def test_quality_is_visible_in_the_text_and_length_is_not():
 
 
 def test_cyclic_triads_are_judged_by_the_planted_groups():
-    from annotation.store import prompt_id, response_id
+    from annotation.ids import prompt_id, response_id
 
     columns, truth = simulate_arrays(SimulationConfig(prompts=200, cycle_rate=0.5, seed=6))
     assert 70 < len(truth["cyclic_prompts"]) < 130

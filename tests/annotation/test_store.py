@@ -8,15 +8,9 @@ import pyarrow as pa
 import pytest
 
 from annotation.formats import JUDGMENT_SCHEMA, with_ids
+from annotation.ids import content_id, prompt_id, response_id
 from annotation.ingest import ingest_records
-from annotation.store import (
-    SCHEMA_VERSION,
-    Store,
-    StoreError,
-    content_id,
-    prompt_id,
-    response_id,
-)
+from annotation.store import SCHEMA_VERSION, Store, StoreError
 
 
 def test_content_id_is_sha256_of_unit_separated_parts():

@@ -10,8 +10,8 @@ import pytest
 
 import annotation.ingest as ingest_mod
 from annotation.export import export
+from annotation.ids import response_id
 from annotation.ingest import ingest_file, ingest_records
-from annotation.store import response_id
 
 # Two prompts; "q1" has responses x, y, z of which x and y come back in several rows and batches.
 FIRST = [{"prompt": "q1", "response_a": "x", "response_b": "y", "winner": "a", "rater": "human:1"},

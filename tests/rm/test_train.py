@@ -12,7 +12,8 @@ import pyarrow as pa
 import pytest
 import torch
 
-from annotation.store import Store, content_id, prompt_id, response_id
+from annotation.ids import content_id, prompt_id, response_id
+from annotation.store import Store
 from rm import data
 from rm.model import RewardNet, build_tiny_reward_model, load_backbone
 from rm.rm_train import bt_objective

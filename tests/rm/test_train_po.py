@@ -9,7 +9,8 @@ import math
 import pyarrow as pa
 import pytest
 
-from annotation.store import Store, content_id, prompt_id, response_id
+from annotation.ids import content_id, prompt_id, response_id
+from annotation.store import Store
 from rm import po_train, policy
 from service.cli import build_parser, main
 
