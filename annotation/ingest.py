@@ -2,7 +2,8 @@
 
 One file is one batch and one transaction. Rows are read in chunks; a clean JSONL/CSV/Parquet/HF file
 of judgments or TRL string pairs takes the columnar path (Arrow reads, vectorized checks, content ids
-hashed in a read-ahead thread while DuckDB writes the chunk before); anything else, and any file where
+hashed in a read-ahead thread while DuckDB writes the chunk before, the whole file as one INSERT per
+table: annotation.spool); anything else, and any file where
 the vectorized checks find a problem, takes the precise path, which parses row by row and names every
 problem as `FILE:LINE: field: what is wrong`. Either way each prompt, response and judgment id is
 written once per batch (annotation.seen), and ids already in the store are dropped before the commit
@@ -186,10 +187,15 @@ class _Writer:
         self.seen = SeenIds()
         self.bar = _progress_bar() if opts.progress else None
 
-    def add_table(self, kind: str, staged: pa.Table) -> None:
-        self.rows_in += staged.num_rows
-        self.store.insert_staged(self.cur, kind, staged, self.batch_id)
-        self._tick(staged.num_rows)
+    def add_stream(self, kind: str, chunks: Iterator[pa.Table]) -> None:
+        """Write a stream of staged chunks as one INSERT per table (Store.insert_staged_stream)."""
+        def counted():
+            for staged in chunks:
+                self.rows_in += staged.num_rows
+                self._tick(staged.num_rows)
+                yield staged
+
+        self.store.insert_staged_stream(self.cur, kind, counted(), self.batch_id)
 
     def add_row(self, kind: str, values: dict) -> None:
         self.rows_in += 1
@@ -280,11 +286,10 @@ def _detect(label: str, row: dict) -> str:
 
 
 def _columnar_pass(writer: _Writer, parts: list[Part]) -> None:
-    # Reading, checking and hashing (Python, Arrow) run in a thread while DuckDB writes the chunk
-    # before: on two cores that overlap is most of the speed-up over doing the steps in turn.
+    # Reading, checking and hashing (Python, Arrow; the hashing without the GIL) run in a thread
+    # while DuckDB writes the chunk before: on two cores that overlap is much of the speed.
     chunks = _columnar_chunks(parts, writer.opts, writer.sha)
-    for staged in read_ahead(writer.seen.flag("judgments", chunk) for chunk in chunks):
-        writer.add_table("judgments", staged)
+    writer.add_stream("judgments", read_ahead(writer.seen.flag("judgments", c) for c in chunks))
 
 
 def _columnar_chunks(parts: list[Part], opts: _Options, sha: str) -> Iterator[pa.Table]:

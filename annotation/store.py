@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,6 +22,7 @@ import duckdb
 import pyarrow as pa
 
 from annotation.ids import canonical_json, content_id
+from annotation.spool import Spool
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 1
@@ -180,6 +182,24 @@ class Store:
         _bradley_stage = staged  # noqa: F841
         for statement in _STAGE_INSERTS[kind]:
             cur.execute(statement, [batch_id] if "$1" in statement else [])
+
+    def insert_staged_stream(self, cur, kind: str, chunks: Iterator[pa.Table], batch_id: str) -> None:
+        """insert_staged for a whole stream of chunks as one INSERT per table (annotation.spool says
+        why). An exception raised by `chunks` is re-raised here as it was, not as DuckDB's error."""
+        with tempfile.TemporaryDirectory(prefix="bradley-ingest-") as folder:
+            spool = Spool(kind, chunks, folder)
+            _bradley_responses = spool.responses()  # noqa: F841 (read by name, as above)
+            try:
+                cur.execute(_STREAM_RESPONSES)
+            except duckdb.Error:
+                if spool.error is not None:
+                    raise spool.error from None
+                raise
+            _bradley_stage = spool.rest()  # noqa: F841
+            if _bradley_stage is not None:
+                for statement in (_STAGE_PROMPTS, _STAGE_ROWS[kind]):
+                    cur.execute(statement, [batch_id] if "$1" in statement else [])
+            del _bradley_stage  # unmap the spooled file before its folder goes
 
     def insert_rows(self, cur, table: str, rows: pa.Table) -> None:
         """Insert an Arrow table into one of the data tables, matching columns by name; rows whose id
@@ -373,22 +393,24 @@ class Store:
 # in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
 # with flags (new_p, new_a, new_b, new_r, new_j) true where the id is the first of its kind in the batch.
 _STAGE_PROMPTS = "INSERT INTO prompts (id, text, messages) SELECT pid, prompt, messages FROM _bradley_stage WHERE new_p"
-_STAGE_INSERTS = {
-    "judgments": [
-        _STAGE_PROMPTS,
-        "INSERT INTO responses (id, prompt_id, text, source_model) "
-        "SELECT rid_a, pid, response_a, model_a FROM _bradley_stage WHERE new_a "
-        "UNION ALL SELECT rid_b, pid, response_b, model_b FROM _bradley_stage WHERE new_b",
-        "INSERT INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
-        "source, batch_id, created_at, rationale, metadata) SELECT jid, pid, rid_a, rid_b, winner, "
-        "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage WHERE new_j"],
-    "feedback": [
-        _STAGE_PROMPTS,
-        "INSERT INTO responses (id, prompt_id, text, source_model) "
-        "SELECT rid, pid, completion, model FROM _bradley_stage WHERE new_r",
-        "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id) "
-        "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage WHERE new_j"],
+_STAGE_RESPONSES = {
+    "judgments": "INSERT INTO responses (id, prompt_id, text, source_model) "
+                 "SELECT rid_a, pid, response_a, model_a FROM _bradley_stage WHERE new_a "
+                 "UNION ALL SELECT rid_b, pid, response_b, model_b FROM _bradley_stage WHERE new_b",
+    "feedback": "INSERT INTO responses (id, prompt_id, text, source_model) "
+                "SELECT rid, pid, completion, model FROM _bradley_stage WHERE new_r",
 }
+_STAGE_ROWS = {
+    "judgments": "INSERT INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
+                 "source, batch_id, created_at, rationale, metadata) SELECT jid, pid, rid_a, rid_b, winner, "
+                 "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage WHERE new_j",
+    "feedback": "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id) "
+                "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage WHERE new_j",
+}
+_STAGE_INSERTS = {kind: [_STAGE_PROMPTS, _STAGE_RESPONSES[kind], _STAGE_ROWS[kind]] for kind in _STAGE_ROWS}
+# annotation.spool's stream of new responses (already in the responses table's column order)
+_STREAM_RESPONSES = ("INSERT INTO responses (id, prompt_id, text, source_model) "
+                     "SELECT id, prompt_id, text, source_model FROM _bradley_responses")
 # Later copies of an id. Copies agree on everything the id hashes, so keeping any one is correct; the
 # lowest rowid is the oldest (rows of the open transaction number after all committed ones).
 _LATER_COPIES = ("SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid) AS n "

@@ -64,6 +64,32 @@ def test_skip_commits_good_rows_and_records_rejects(store, tmp_path, monkeypatch
     assert json.loads(rejects[1][2])["strength"] == "very"
 
 
+def test_bad_row_late_in_a_streamed_file_redoes_it_precisely(store, tmp_path, monkeypatch):
+    # small blocks: the columnar path has streamed several chunks into its INSERT when it meets
+    # the bad row, rolls all of that back and the precise path writes the file once
+    import annotation.readers as readers
+
+    monkeypatch.setattr(readers, "BATCH_BYTES", 2048)
+    rows = good_rows(200)
+    rows[180] = {**GOOD, "winner": "left"}
+    result = ingest_file(store, write_jsonl(tmp_path / "late.jsonl", rows), on_error="skip")
+    assert (result.rows_in, result.rows_ok, result.rows_rejected) == (200, 199, 1)
+    counts = store.counts()
+    assert (counts["judgments"], counts["prompts"], counts["responses"]) == (199, 1, 200)
+
+
+def test_clean_streamed_file_writes_each_id_once(store, tmp_path, monkeypatch):
+    import annotation.readers as readers
+
+    monkeypatch.setattr(readers, "BATCH_BYTES", 2048)
+    rows = good_rows(300) + good_rows(50)  # the same texts again in later chunks
+    result = ingest_file(store, write_jsonl(tmp_path / "clean.jsonl", rows))
+    assert (result.rows_in, result.rows_ok) == (350, 350)
+    counts = store.counts()
+    assert (counts["judgments"], counts["prompts"], counts["responses"]) == (350, 1, 301)
+    assert store.con.execute("SELECT count(DISTINCT id) FROM responses").fetchone()[0] == 301
+
+
 # --- property: malformed rows never change the store --------------------------------------------
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
@@ -142,17 +168,18 @@ def test_malformed_rows_leave_the_store_unchanged(store, tmp_path, how, position
 
 KILLABLE = textwrap.dedent("""
     import sys, time
+    import annotation.spool as spool_mod
     import annotation.store as store_mod
     from annotation.ingest import ingest_file
-    original = store_mod.Store.insert_staged
+    original = spool_mod._new_responses
     calls = []
-    def slow_insert(self, *args, **kwargs):
-        original(self, *args, **kwargs)
+    def slow_responses(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:  # two chunks written inside the open transaction
+        if len(calls) == 3:  # two chunks streamed into the open transaction's INSERT
             print("MID-BATCH", flush=True)
             time.sleep(60)
-    store_mod.Store.insert_staged = slow_insert
+        return original(*args, **kwargs)
+    spool_mod._new_responses = slow_responses
     import annotation.ingest as ingest_mod
     ingest_mod.BATCH_ROWS = 50
     import annotation.readers as readers

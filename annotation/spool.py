@@ -1,0 +1,90 @@
+"""A stream of staged chunks, split so that a whole batch is one INSERT per table.
+
+DuckDB writes a batch fastest as one statement per table: it then compresses and writes each full
+row group while the statement runs. Thousands of small INSERTs into one transaction instead leave
+all the work to COMMIT, on one thread, after the reader has finished (measured: 3 s of a 7 s ingest
+of 300k judgments). Staged chunks hold the response texts (most of the bytes) and everything else
+(ids, flags, prompt texts, small columns). `Spool` turns the chunks into
+
+- `responses()`: an Arrow stream of the new response rows, for one INSERT INTO responses that
+  pulls chunk after chunk, so the reader thread keeps parsing while DuckDB writes; and
+- `rest()`: the rest of every chunk, written aside as it streams past to an Arrow file in a
+  temporary folder and read back memory-mapped once the stream is done (prompt texts only for
+  rows that write a new prompt), for the INSERTs into prompts and judgments or feedback.
+
+Memory stays bounded: the stream holds a chunk or two, and the rest lives on disk.
+
+    >>> import tempfile
+    >>> chunk = pa.table({"pid": ["p"], "prompt": ["q?"], "messages": pa.nulls(1, pa.string()),
+    ...     "new_p": [True], "rid": ["r"], "completion": ["yes"], "model": ["m"], "new_r": [True]})
+    >>> spool = Spool("feedback", iter([chunk]), tempfile.mkdtemp())
+    >>> spool.responses().read_all().to_pylist()
+    [{'id': 'r', 'prompt_id': 'p', 'text': 'yes', 'source_model': 'm'}]
+    >>> spool.rest().column_names
+    ['pid', 'prompt', 'messages', 'new_p', 'rid', 'model', 'new_r']
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+RESPONSE_SCHEMA = pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("text", pa.string()),
+                             ("source_model", pa.string())])
+# staged kind -> per response side: (new-in-batch flag, id, text, source model) columns
+RESPONSE_SIDES = {
+    "judgments": (("new_a", "rid_a", "response_a", "model_a"), ("new_b", "rid_b", "response_b", "model_b")),
+    "feedback": (("new_r", "rid", "completion", "model"),),
+}
+
+
+class Spool:
+    def __init__(self, kind: str, chunks: Iterator[pa.Table], folder: str):
+        self.kind, self.chunks = kind, chunks
+        self.path = os.path.join(folder, "staged-rest.arrow")
+        self.writer: pa.ipc.RecordBatchFileWriter | None = None
+        self.error: BaseException | None = None  # what the stream raised, as it was raised
+
+    def responses(self) -> pa.RecordBatchReader:
+        return pa.RecordBatchReader.from_batches(RESPONSE_SCHEMA, self._response_batches())
+
+    def _response_batches(self) -> Iterator[pa.RecordBatch]:
+        try:
+            for staged in self.chunks:
+                self._write_rest(staged)
+                yield from _new_responses(self.kind, staged).to_batches()
+        except BaseException as exc:  # DuckDB reports it as its own error; the caller re-raises this
+            self.error = exc
+            raise
+        finally:
+            if self.writer is not None:
+                self.writer.close()
+
+    def _write_rest(self, staged: pa.Table) -> None:
+        texts = [side[2] for side in RESPONSE_SIDES[self.kind]]
+        rest = staged.drop_columns(texts)
+        new_p = staged.column("new_p")
+        for name in ("prompt", "messages"):  # a prompt's text is written once, by its first row
+            kept = pc.if_else(new_p, staged.column(name), pa.scalar(None, pa.string()))
+            rest = rest.set_column(rest.schema.get_field_index(name), name, kept)
+        if self.writer is None:
+            self.writer = pa.ipc.new_file(self.path, rest.schema)
+        self.writer.write_table(rest)
+
+    def rest(self) -> pa.Table | None:
+        """Everything but the response texts, memory-mapped; None when the stream had no chunk."""
+        if self.writer is None:
+            return None
+        return pa.ipc.open_file(pa.memory_map(self.path)).read_all()
+
+
+def _new_responses(kind: str, staged: pa.Table) -> pa.Table:
+    """The responses this chunk writes first in the batch, in RESPONSE_SCHEMA."""
+    parts = []
+    for flag, rid, text, model in RESPONSE_SIDES[kind]:
+        side = staged.select([rid, "pid", text, model]).filter(staged.column(flag))
+        parts.append(pa.Table.from_arrays(side.columns, schema=RESPONSE_SCHEMA))
+    return pa.concat_tables(parts)

@@ -1,0 +1,58 @@
+"""Content ids in bulk: the C loop (annotation/_hashes.c) and its Python fallback agree with hashlib."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+import pytest
+
+from annotation import formats
+from annotation.ids import content_id
+
+KEYS = ["What is 2+2?", "", "é" * 300, "[{\"content\":\"hi\",\"role\":\"user\"}]"]
+TEXTS = ["4", "", "ü" * 1000, "five", "a\x1fb", "long " * 400]
+
+
+def expected(keys, key_of_row, texts):
+    return [hashlib.sha256(f"{keys[k]}\x1f{t}".encode()).hexdigest()[:24]
+            for k, t in zip(key_of_row, texts, strict=True)]
+
+
+@pytest.fixture(params=["c", "python"])
+def hasher(request, monkeypatch):
+    if request.param == "c":
+        if formats._hashes is None:
+            pytest.fail("annotation._hashes was not built (pip install -e . compiles it; needs "
+                        "gcc and OpenSSL's headers)")
+    else:
+        monkeypatch.setattr(formats, "_hashes", None)
+    return formats.keyed_ids
+
+
+def test_keyed_ids_equal_sha256_of_key_separator_text(hasher):
+    key_of_row = [0, 1, 2, 3, 0, 2]
+    ids = hasher(pa.array(KEYS), pa.array(key_of_row, pa.int32()), pa.array(TEXTS))
+    assert ids.to_pylist() == expected(KEYS, key_of_row, TEXTS)
+    assert ids.to_pylist()[0] == content_id("What is 2+2?", "4")
+
+
+def test_sliced_and_chunked_arrays_hash_their_own_rows(hasher):
+    keys = pa.array(["skip", *KEYS]).slice(1)
+    texts = pa.chunked_array([pa.array(["skip", *TEXTS[:3]]).slice(1), pa.array(TEXTS[3:])])
+    key_of_row = pa.array([9, 3, 2, 1, 0, 3, 2], pa.int32()).slice(1)
+    ids = hasher(keys, key_of_row, texts)
+    assert ids.to_pylist() == expected(KEYS, [3, 2, 1, 0, 3, 2], TEXTS)
+
+
+def test_empty_and_null_inputs(hasher):
+    assert hasher(pa.array(["k"]), pa.array([], pa.int32()), pa.array([], pa.string())).to_pylist() == []
+    with pytest.raises(ValueError, match="cannot be null"):
+        hasher(pa.array(["k"]), pa.array([0], pa.int32()), pa.array([None], pa.string()))
+
+
+def test_c_loop_rejects_out_of_range_key_indices():
+    if formats._hashes is None:
+        pytest.fail("annotation._hashes was not built")
+    with pytest.raises(ValueError, match="out of range"):
+        formats.keyed_ids(pa.array(["k"]), pa.array([1], pa.int32()), pa.array(["t"]))
