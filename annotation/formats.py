@@ -351,7 +351,9 @@ STAGED_RESPONSES = {"judgments": {"rid_a": "response_a", "rid_b": "response_b"},
 def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
     """Staged rows plus their content ids (ids.content_id): pid over the prompt key (text, or the
     canonical messages JSON), rid_a/rid_b (or rid) over (prompt key, text), and jid: the row's own id,
-    else (batch sha256, row number). Runs without DuckDB, so a reader thread hashes while it writes.
+    else (batch sha256, row number); with `sha256=None` only the rows' own ids, for
+    fill_judgment_ids to complete once the sha256 is known. Runs without DuckDB, so a reader thread
+    hashes while it writes.
 
     >>> t = pa.Table.from_pylist([{"row": 1, "prompt": "p", "response_a": "x", "response_b": "y"}],
     ...                          schema=JUDGMENT_SCHEMA)
@@ -364,13 +366,19 @@ def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
     ids = {"pid": pids.take(keys.indices)}
     for name, column in STAGED_RESPONSES[kind].items():
         ids[name] = keyed_ids(keys.dictionary, keys.indices, staged.column(column))
-    rows = pc.cast(staged.column("row"), pa.string())
-    batch_key = pa.array([sha256], pa.string())
-    ids["jid"] = pc.coalesce(staged.column("id"), keyed_ids(
-        batch_key, pa.array(np.zeros(staged.num_rows, np.int32)), rows))
+    ids["jid"] = staged.column("id")
     for name, values in ids.items():
         staged = staged.append_column(name, values)
-    return staged
+    return staged if sha256 is None else fill_judgment_ids(staged, sha256)
+
+
+def fill_judgment_ids(staged: pa.Table, sha256: str) -> pa.Table:
+    """jid where a row brought no id of its own: content_id(batch sha256, row number)."""
+    rows = pc.cast(staged.column("row"), pa.string())
+    generated = keyed_ids(pa.array([sha256], pa.string()),
+                          pa.array(np.zeros(staged.num_rows, np.int32)), rows)
+    index = staged.schema.get_field_index("jid")
+    return staged.set_column(index, "jid", pc.coalesce(staged.column("jid"), generated))
 
 
 def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +37,14 @@ import pyarrow.compute as pc
 from annotation import formats
 from annotation.formats import with_ids
 from annotation.ids import canonical_json
-from annotation.readers import BATCH_ROWS, Part, Record, open_parts, read_ahead, source_sha256
+from annotation.readers import (
+    BATCH_ROWS,
+    Part,
+    Record,
+    open_parts,
+    read_ahead,
+    sha256_in_background,
+)
 from annotation.seen import SeenIds
 
 ON_ERROR = ("abort", "skip")
@@ -94,6 +102,10 @@ class _NeedsPrecise(Exception):
     """The columnar path cannot vouch for this chunk; the precise path redoes the whole source."""
 
 
+class _Duplicate(Exception):
+    """The source's sha256 is a batch's in the store: nothing to do."""
+
+
 def ingest_file(store, path, fmt: str = "auto", on_error: str = "abort", progress: bool = False,
                 source_model: str | None = None) -> IngestResult:
     """Ingest one file, saved HF dataset folder or `hf:SPEC` as one batch. `fmt="hf"` only says the
@@ -105,7 +117,7 @@ def ingest_file(store, path, fmt: str = "auto", on_error: str = "abort", progres
         fmt = "auto"
     _check_options(fmt, on_error)
     parts = open_parts(str(path))
-    return _ingest(store, str(path), source_sha256(str(path)), parts,
+    return _ingest(store, str(path), sha256_in_background(str(path)), parts,
                    _Options(fmt, on_error, progress, source_model))
 
 
@@ -118,7 +130,7 @@ def ingest_records(store, records: list[dict], fmt: str = "auto", source: str = 
     sha = hashlib.sha256(canonical_json(records).encode("utf-8")).hexdigest()
     rows = [_record(i, value) for i, value in enumerate(records, 1)]
     part = Part(source, _no_batches, lambda: iter(rows))
-    return _ingest(store, source, sha, [part], _Options(fmt, on_error, False, None))
+    return _ingest(store, source, _done(sha), [part], _Options(fmt, on_error, False, None))
 
 
 def _check_options(fmt: str, on_error: str) -> None:
@@ -146,21 +158,38 @@ class _Options:
     source_model: str | None
 
 
-def _ingest(store, source: str, sha: str, parts: list[Part], opts: _Options) -> IngestResult:
-    found = store.find_batch(sha)
-    if found:
-        return IngestResult(source, found.id, found.rows_in, 0, 0, duplicate=True)
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) -> IngestResult:
+    """The columnar path starts before the source's sha256 is known (it is hashed in a thread beside
+    the parse) and stops as soon as the sha256 shows a batch that is in the store already."""
     try:
-        return _write(store, source, sha, lambda w: _columnar_pass(w, parts), opts)
-    except _NeedsPrecise:
-        return _write(store, source, sha, lambda w: _precise_pass(w, parts), opts)
+        if sha.done():
+            _check_new(store, sha.result())
+        try:
+            known = store.batch_sha256s()
+            return _write(store, source, sha, lambda w: _columnar_pass(w, parts, known), opts)
+        except _NeedsPrecise:
+            _check_new(store, sha.result())
+            return _write(store, source, sha, lambda w: _precise_pass(w, parts), opts)
+    except _Duplicate:
+        found = store.find_batch(sha.result())
+        return IngestResult(source, found.id, found.rows_in, 0, 0, duplicate=True)
 
 
-def _write(store, source: str, sha: str, fill: Callable, opts: _Options) -> IngestResult:
+def _check_new(store, sha: str) -> None:
+    if store.find_batch(sha):
+        raise _Duplicate
+
+
+def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> IngestResult:
     """One transaction: the batch row, its rows and rejects; an exception rolls all of it back."""
     with store.memory_limit(INGEST_MEMORY), store.transaction() as cur:
-        info = store.begin_batch(cur, source, sha, 0)
-        writer = _Writer(store, cur, info.id, sha, opts)
+        writer = _Writer(store, cur, source, sha, opts)
         try:
             fill(writer)
             writer.flush()
@@ -169,6 +198,7 @@ def _write(store, source: str, sha: str, fill: Callable, opts: _Options) -> Inge
         if writer.errors and opts.on_error == "abort":
             result = IngestResult(source, None, writer.rows_in, 0, 0, errors=writer.errors, failed=True)
             raise IngestError(writer.errors, writer.first_field, result)
+        info = writer.batch()
         store.dedup_batch(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
         info = store.finish_batch(cur, info, writer.rows_in)
     return IngestResult(source, info.id, info.rows_in, info.rows_ok, info.rows_rejected,
@@ -178,8 +208,9 @@ def _write(store, source: str, sha: str, fill: Callable, opts: _Options) -> Inge
 class _Writer:
     """Collects staged rows and rejects of one batch and writes them in chunks."""
 
-    def __init__(self, store, cur, batch_id: str, sha: str, opts: _Options):
-        self.store, self.cur, self.batch_id, self.sha, self.opts = store, cur, batch_id, sha, opts
+    def __init__(self, store, cur, source: str, sha: Future, opts: _Options):
+        self.store, self.cur, self.source, self.sha, self.opts = store, cur, source, sha, opts
+        self.info = None
         self.pending: dict[str, list[dict]] = {"judgments": [], "feedback": []}
         self.rejects: list[tuple[int, str, str]] = []
         self.errors: list[str] = []
@@ -195,7 +226,18 @@ class _Writer:
                 self._tick(staged.num_rows)
                 yield staged
 
-        self.store.insert_staged_stream(self.cur, kind, counted(), self.batch_id)
+        def complete(rest: pa.Table) -> tuple[pa.Table, str]:
+            return formats.fill_judgment_ids(rest, self.sha.result()), self.batch().id
+
+        self.store.insert_staged_stream(self.cur, kind, counted(), complete)
+
+    def batch(self):
+        """The batch row, begun when first needed: the source's sha256 is known then (a file's is
+        hashed in a thread) and must be new to the store."""
+        if self.info is None:
+            _check_new(self.store, self.sha.result())
+            self.info = self.store.begin_batch(self.cur, self.source, self.sha.result(), 0)
+        return self.info
 
     def add_row(self, kind: str, values: dict) -> None:
         self.rows_in += 1
@@ -223,10 +265,11 @@ class _Writer:
             return
         for kind, rows in self.pending.items():
             if rows:
-                staged = self.seen.flag(kind, with_ids(kind, _staged_table(kind, rows), self.sha))
-                self.store.insert_staged(self.cur, kind, staged, self.batch_id)
+                staged = with_ids(kind, _staged_table(kind, rows), self.sha.result())
+                self.store.insert_staged(self.cur, kind, self.seen.flag(kind, staged), self.batch().id)
                 self._tick(len(rows))
-        self.store.insert_rejects(self.cur, self.batch_id, self.rejects)
+        if self.rejects:
+            self.store.insert_rejects(self.cur, self.batch().id, self.rejects)
         self.pending, self.rejects = {k: [] for k in self.pending}, []
 
     def _tick(self, n: int) -> None:
@@ -285,21 +328,26 @@ def _detect(label: str, row: dict) -> str:
 # --- the columnar path --------------------------------------------------------------------------
 
 
-def _columnar_pass(writer: _Writer, parts: list[Part]) -> None:
+def _columnar_pass(writer: _Writer, parts: list[Part], known: set[str]) -> None:
     # Reading, checking and hashing (Python, Arrow; the hashing without the GIL) run in a thread
     # while DuckDB writes the chunk before: on two cores that overlap is much of the speed.
-    chunks = _columnar_chunks(parts, writer.opts, writer.sha)
+    chunks = _columnar_chunks(parts, writer.opts, writer.sha, known)
     writer.add_stream("judgments", read_ahead(writer.seen.flag("judgments", c) for c in chunks))
 
 
-def _columnar_chunks(parts: list[Part], opts: _Options, sha: str) -> Iterator[pa.Table]:
+def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
+                     known: set[str]) -> Iterator[pa.Table]:
+    """Staged chunks with prompt and response ids; judgment ids wait for the sha256
+    (formats.fill_judgment_ids). Stops early when the sha256 is a known batch's."""
     offset = 0
     for part in parts:
         fmt = opts.fmt
         try:
             for batch in part.batches():
                 fmt = fmt if fmt != "auto" else _detect(part.name, dict.fromkeys(batch.schema.names))
-                yield with_ids("judgments", _columnar(batch, fmt, offset, opts.source_model), sha)
+                if sha.done() and sha.result() in known:
+                    raise _Duplicate
+                yield with_ids("judgments", _columnar(batch, fmt, offset, opts.source_model), None)
                 offset += batch.num_rows
         except (pa.ArrowException, NotImplementedError) as exc:
             raise _NeedsPrecise from exc

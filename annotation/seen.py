@@ -50,6 +50,7 @@ class SeenIds:
         return staged
 
 
-def _firsts(ids: list[str], seen: set[str]) -> list[bool]:
-    """True where an id is new to `seen` (which learns it). `seen.add` returns None, hence the `or`."""
-    return [not (i in seen or seen.add(i)) for i in ids]
+def _firsts(ids: list[str | None], seen: set[str]) -> list[bool]:
+    """True where an id is new to `seen` (which learns it), or is None (an id still to be generated,
+    unique by construction). `seen.add` returns None, hence the `or`."""
+    return [i is None or not (i in seen or seen.add(i)) for i in ids]

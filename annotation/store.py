@@ -13,7 +13,7 @@ import json
 import re
 import tempfile
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +130,10 @@ class Store:
 
     # -- batches and writes --------------------------------------------------------------------
 
+    def batch_sha256s(self) -> set[str]:
+        """The sha256 of every batch in the store."""
+        return {row[0] for row in self.con.execute("SELECT sha256 FROM batches").fetchall()}
+
     def find_batch(self, sha256: str) -> BatchInfo | None:
         row = self.con.execute(
             "SELECT id, seq, source, sha256, rows_in, rows_ok, rows_rejected FROM batches "
@@ -183,9 +187,12 @@ class Store:
         for statement in _STAGE_INSERTS[kind]:
             cur.execute(statement, [batch_id] if "$1" in statement else [])
 
-    def insert_staged_stream(self, cur, kind: str, chunks: Iterator[pa.Table], batch_id: str) -> None:
+    def insert_staged_stream(self, cur, kind: str, chunks: Iterator[pa.Table],
+                             complete: Callable[[pa.Table], tuple[pa.Table, str]]) -> None:
         """insert_staged for a whole stream of chunks as one INSERT per table (annotation.spool says
-        why). An exception raised by `chunks` is re-raised here as it was, not as DuckDB's error."""
+        why). The chunks' responses stream in first; then `complete(rest)` gives the rest of the
+        rows with their judgment ids, and the batch id. An exception raised by `chunks` is re-raised
+        here as it was, not as DuckDB's error."""
         with tempfile.TemporaryDirectory(prefix="bradley-ingest-") as folder:
             spool = Spool(kind, chunks, folder)
             _bradley_responses = spool.responses()  # noqa: F841 (read by name, as above)
@@ -195,8 +202,9 @@ class Store:
                 if spool.error is not None:
                     raise spool.error from None
                 raise
-            _bradley_stage = spool.rest()  # noqa: F841
+            _bradley_stage = spool.rest()
             if _bradley_stage is not None:
+                _bradley_stage, batch_id = complete(_bradley_stage)
                 for statement in (_STAGE_PROMPTS, _STAGE_ROWS[kind]):
                     cur.execute(statement, [batch_id] if "$1" in statement else [])
             del _bradley_stage  # unmap the spooled file before its folder goes

@@ -76,6 +76,7 @@ def run_raw(path: str, db: str, queue) -> None:
 
 def in_child(target, *args) -> tuple[float, int, float]:
     """(seconds, rows, peak RSS in MB of that child)."""
+    os.sync()  # the generated file (or the last run's database) is on disk first: no writeback during a run
     queue = mp.Queue()
     proc = mp.get_context("fork").Process(target=target, args=(*args, queue))
     proc.start()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import annotation.ingest as ingest_mod
+import annotation.readers as readers
 from annotation.ingest import IngestError, ingest_file, ingest_records
 from annotation.store import Store
 
@@ -67,8 +69,6 @@ def test_skip_commits_good_rows_and_records_rejects(store, tmp_path, monkeypatch
 def test_bad_row_late_in_a_streamed_file_redoes_it_precisely(store, tmp_path, monkeypatch):
     # small blocks: the columnar path has streamed several chunks into its INSERT when it meets
     # the bad row, rolls all of that back and the precise path writes the file once
-    import annotation.readers as readers
-
     monkeypatch.setattr(readers, "BATCH_BYTES", 2048)
     rows = good_rows(200)
     rows[180] = {**GOOD, "winner": "left"}
@@ -79,8 +79,6 @@ def test_bad_row_late_in_a_streamed_file_redoes_it_precisely(store, tmp_path, mo
 
 
 def test_clean_streamed_file_writes_each_id_once(store, tmp_path, monkeypatch):
-    import annotation.readers as readers
-
     monkeypatch.setattr(readers, "BATCH_BYTES", 2048)
     rows = good_rows(300) + good_rows(50)  # the same texts again in later chunks
     result = ingest_file(store, write_jsonl(tmp_path / "clean.jsonl", rows))
@@ -88,6 +86,32 @@ def test_clean_streamed_file_writes_each_id_once(store, tmp_path, monkeypatch):
     counts = store.counts()
     assert (counts["judgments"], counts["prompts"], counts["responses"]) == (350, 1, 301)
     assert store.con.execute("SELECT count(DISTINCT id) FROM responses").fetchone()[0] == 301
+
+
+class _LateSha(Future):
+    """A sha256 that reports itself unfinished until asked for: the columnar path then finds the
+    duplicate only when it begins the batch, after streaming the whole file."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.set_result(readers.source_sha256(str(path)))
+
+    def done(self):
+        return False
+
+
+@pytest.mark.parametrize("late", [False, True])
+def test_same_file_again_is_a_duplicate_whenever_its_sha_arrives(store, tmp_path, monkeypatch, late):
+    monkeypatch.setattr(readers, "BATCH_BYTES", 2048)
+    path = write_jsonl(tmp_path / "again.jsonl", good_rows(120))
+    first = ingest_file(store, path)
+    before = snapshot_of(store)
+    if late:
+        monkeypatch.setattr(ingest_mod, "sha256_in_background", _LateSha)
+    again = ingest_file(store, path)
+    assert again.duplicate and again.batch_id == first.batch_id
+    assert snapshot_of(store) == before
+    assert store.con.execute("SELECT count(*) FROM batches").fetchone()[0] == 1
 
 
 # --- property: malformed rows never change the store --------------------------------------------
