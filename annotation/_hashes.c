@@ -100,6 +100,125 @@ done:
     return result;
 }
 
+/* IdSet: the content ids (24 characters each) a batch has written, for first-in-batch flags.
+ * Open addressing with linear probing; the table doubles at half load. The ids are sha256 hex, so
+ * their bytes mixed by one multiply spread evenly over the table.
+ *
+ * IdSet().firsts(offsets, data, n) -> bytes: 1 where id i is new (and learns it), else 0.
+ */
+#define ID_LEN 24
+
+typedef struct {
+    PyObject_HEAD
+    char *keys;        /* capacity * ID_LEN bytes */
+    unsigned char *used;
+    size_t capacity, size;
+} IdSet;
+
+static uint64_t id_hash(const char *key) {
+    uint64_t a, b, c;
+    memcpy(&a, key, 8);
+    memcpy(&b, key + 8, 8);
+    memcpy(&c, key + 16, 8);
+    return (a ^ (b * 0x9E3779B97F4A7C15ULL) ^ (c * 0xC2B2AE3D27D4EB4FULL)) * 0x9E3779B97F4A7C15ULL;
+}
+
+/* 1 if added, 0 if present; the table has room (callers grow it first). */
+static int id_add(char *keys, unsigned char *used, size_t capacity, const char *key) {
+    size_t i = (size_t)(id_hash(key) >> 20) & (capacity - 1);
+    while (used[i]) {
+        if (memcmp(keys + i * ID_LEN, key, ID_LEN) == 0) return 0;
+        i = (i + 1) & (capacity - 1);
+    }
+    used[i] = 1;
+    memcpy(keys + i * ID_LEN, key, ID_LEN);
+    return 1;
+}
+
+static int id_reserve(IdSet *set, size_t more) {
+    size_t capacity = set->capacity ? set->capacity : 1024;
+    while (2 * (set->size + more) > capacity) capacity *= 2;
+    if (capacity == set->capacity) return 0;
+    char *keys = PyMem_RawMalloc(capacity * ID_LEN);
+    unsigned char *used = PyMem_RawCalloc(capacity, 1);
+    if (keys == NULL || used == NULL) {
+        PyMem_RawFree(keys);
+        PyMem_RawFree(used);
+        return -1;
+    }
+    for (size_t i = 0; i < set->capacity; i++)
+        if (set->used[i]) id_add(keys, used, capacity, set->keys + i * ID_LEN);
+    PyMem_RawFree(set->keys);
+    PyMem_RawFree(set->used);
+    set->capacity = capacity;
+    set->keys = keys;
+    set->used = used;
+    return 0;
+}
+
+static PyObject *idset_firsts(IdSet *self, PyObject *args) {
+    Py_buffer off_buf, data_buf;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*y*n", &off_buf, &data_buf, &n)) return NULL;
+    PyObject *result = NULL;
+    const int32_t *off = off_buf.buf;
+    if (n < 0 || check_size(&off_buf, 4 * (n + 1), "offsets") < 0) goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (off[i + 1] - off[i] != ID_LEN || off[i] < 0 || off[i + 1] > data_buf.len) {
+            PyErr_Format(PyExc_ValueError, "id %zd is not %d characters", i, ID_LEN);
+            goto done;
+        }
+    }
+    if (id_reserve(self, (size_t)n) < 0) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, n);
+    if (result == NULL) goto done;
+    char *out = PyBytes_AS_STRING(result);
+    const char *data = data_buf.buf;
+    size_t added = 0;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = (char)id_add(self->keys, self->used, self->capacity, data + off[i]);
+        added += (size_t)out[i];
+    }
+    Py_END_ALLOW_THREADS
+    self->size += added;
+done:
+    PyBuffer_Release(&off_buf);
+    PyBuffer_Release(&data_buf);
+    return result;
+}
+
+static Py_ssize_t idset_len(IdSet *self) { return (Py_ssize_t)self->size; }
+
+static void idset_dealloc(IdSet *self) {
+    PyMem_RawFree(self->keys);
+    PyMem_RawFree(self->used);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef IDSET_METHODS[] = {
+    {"firsts", (PyCFunction)idset_firsts, METH_VARARGS,
+     "firsts(offsets, data, n) -> bytes: 1 where the id is new to the set (which learns it)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods IDSET_SEQUENCE = {.sq_length = (lenfunc)idset_len};
+
+static PyTypeObject IDSET_TYPE = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "annotation._hashes.IdSet",
+    .tp_basicsize = sizeof(IdSet),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Set of 24-character content ids; firsts() flags the new ones.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)idset_dealloc,
+    .tp_methods = IDSET_METHODS,
+    .tp_as_sequence = &IDSET_SEQUENCE,
+};
+
 static PyMethodDef METHODS[] = {
     {"hex24", hex24, METH_VARARGS, "24 hex characters of sha256(key || 0x1f || text) per row."},
     {NULL, NULL, 0, NULL},
@@ -107,4 +226,15 @@ static PyMethodDef METHODS[] = {
 
 static struct PyModuleDef MODULE = {PyModuleDef_HEAD_INIT, "_hashes", NULL, -1, METHODS};
 
-PyMODINIT_FUNC PyInit__hashes(void) { return PyModule_Create(&MODULE); }
+PyMODINIT_FUNC PyInit__hashes(void) {
+    if (PyType_Ready(&IDSET_TYPE) < 0) return NULL;
+    PyObject *module = PyModule_Create(&MODULE);
+    if (module == NULL) return NULL;
+    Py_INCREF(&IDSET_TYPE);
+    if (PyModule_AddObject(module, "IdSet", (PyObject *)&IDSET_TYPE) < 0) {
+        Py_DECREF(&IDSET_TYPE);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}

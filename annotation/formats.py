@@ -397,8 +397,8 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
     keys, key_of_row = _plain_strings(keys), key_of_row.cast(pa.int32())
     if _hashes is None:
         return pa.array(_python_keyed_ids(keys, key_of_row, texts), pa.string())
-    key_offsets, key_data = _string_buffers(keys)
-    text_offsets, text_data = _string_buffers(texts)
+    key_offsets, key_data = string_buffers(keys)
+    text_offsets, text_data = string_buffers(texts)
     rows = memoryview(key_of_row.buffers()[1]).cast("i")[key_of_row.offset:][:len(key_of_row)]
     hex_ids = _hashes.hex24(key_offsets, key_data, rows, text_offsets, text_data, len(texts))
     offsets = pa.py_buffer(np.arange(0, 24 * len(texts) + 1, 24, dtype=np.int32))
@@ -410,7 +410,7 @@ def _plain_strings(column) -> pa.Array:
     return column.cast(pa.string())
 
 
-def _string_buffers(array: pa.Array) -> tuple[memoryview, memoryview]:
+def string_buffers(array: pa.Array) -> tuple[memoryview, memoryview]:
     """An Arrow string array's offsets (from its own first row) and bytes, for annotation._hashes."""
     _, offsets, data = array.buffers()
     offsets = memoryview(offsets).cast("i")[array.offset:][:len(array) + 1]
@@ -421,7 +421,7 @@ def _python_keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts: pa.Array) -> 
     """The fallback: each key's sha256 state over "key\x1f" copied per row, then fed the text's
     UTF-8 bytes where Arrow holds them."""
     heads = [hashlib.sha256((k + ID_SEPARATOR).encode("utf-8")) for k in keys.to_pylist()]
-    offsets, data = _string_buffers(texts)
+    offsets, data = string_buffers(texts)
     ends = offsets.tolist()
     out = []
     append = out.append  # bound once: this loop runs per response

@@ -343,7 +343,7 @@ def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
     for part in parts:
         fmt = opts.fmt
         try:
-            for batch in part.batches():
+            for batch in read_ahead(part.batches()):  # the parse runs a chunk ahead of the checks
                 fmt = fmt if fmt != "auto" else _detect(part.name, dict.fromkeys(batch.schema.names))
                 if sha.done() and sha.result() in known:
                     raise _Duplicate

@@ -6,7 +6,8 @@ first ones, and at its end lets Store.dedup_batch drop those that were in the st
 
     >>> import pyarrow as pa
     >>> seen = SeenIds()
-    >>> chunk = pa.table({"pid": ["p", "p"], "rid_a": ["x", "y"], "rid_b": ["y", "x"],
+    >>> x, y = "x" * 24, "y" * 24  # content ids are 24 characters
+    >>> chunk = pa.table({"pid": ["p", "p"], "rid_a": [x, y], "rid_b": [y, x],
     ...                   "jid": ["j1", "j2"], "id": pa.nulls(2, pa.string())})
     >>> flagged = seen.flag("judgments", chunk)
     >>> [flagged.column(c).to_pylist() for c in ("new_p", "new_a", "new_b", "new_j")]
@@ -17,7 +18,11 @@ first ones, and at its end lets Store.dedup_batch drop those that were in the st
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from annotation.formats import _hashes, string_buffers
 
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
@@ -26,19 +31,20 @@ RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedba
 class SeenIds:
     """Prompt and response ids written by this batch; judgment ids only once rows carry their own.
 
-    Memory grows with the batch's distinct ids (about 100 bytes each), not with its text."""
+    Memory grows with the batch's distinct ids (about 100 bytes each in Python sets, 50 in the C
+    set of annotation/_hashes.c that holds response ids when it was built), not with its text."""
 
     def __init__(self) -> None:
         self.prompts: set[str] = set()
-        self.responses: set[str] = set()
+        self.responses = _hashes.IdSet() if _hashes is not None else set()
         self.judgments: set[str] = set()
         self.own_ids = False  # some row carried an `id` (an export): it may be in the store already
 
     def flag(self, kind: str, staged: pa.Table) -> pa.Table:
         """`staged` (with formats.with_ids' columns) plus boolean new_* columns."""
-        flags = {"new_p": _firsts(staged.column("pid").to_pylist(), self.prompts)}
+        flags = {"new_p": _first_prompts(staged.column("pid"), self.prompts)}
         for flag, column in RESPONSE_FLAGS[kind]:
-            flags[flag] = _firsts(staged.column(column).to_pylist(), self.responses)
+            flags[flag] = _first_responses(staged.column(column), self.responses)
         if staged.column("id").null_count < staged.num_rows:
             self.own_ids = True
         if self.own_ids:  # generated ids (batch sha256, row) are unique and need no memory
@@ -54,3 +60,22 @@ def _firsts(ids: list[str | None], seen: set[str]) -> list[bool]:
     """True where an id is new to `seen` (which learns it), or is None (an id still to be generated,
     unique by construction). `seen.add` returns None, hence the `or`."""
     return [i is None or not (i in seen or seen.add(i)) for i in ids]
+
+
+def _first_prompts(pids, seen: set[str]) -> np.ndarray:
+    """_firsts for prompt ids, which repeat within a chunk: only each distinct id's first row is
+    looked up."""
+    encoded = pc.dictionary_encode(pids.combine_chunks() if isinstance(pids, pa.ChunkedArray) else pids)
+    distinct, first_rows = np.unique(encoded.indices.to_numpy(), return_index=True)
+    values = encoded.dictionary.to_pylist()
+    flags = np.zeros(len(encoded), dtype=bool)
+    flags[first_rows] = _firsts([values[d] for d in distinct], seen)
+    return flags
+
+
+def _first_responses(rids, seen) -> list[bool] | np.ndarray:
+    """_firsts for response ids, in C without the GIL when annotation._hashes was built."""
+    if isinstance(seen, set):
+        return _firsts(rids.to_pylist(), seen)
+    offsets, data = string_buffers(rids.combine_chunks() if isinstance(rids, pa.ChunkedArray) else rids)
+    return np.frombuffer(seen.firsts(offsets, data, len(rids)), dtype=np.bool_)

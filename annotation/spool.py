@@ -85,6 +85,8 @@ def _new_responses(kind: str, staged: pa.Table) -> pa.Table:
     """The responses this chunk writes first in the batch, in RESPONSE_SCHEMA."""
     parts = []
     for flag, rid, text, model in RESPONSE_SIDES[kind]:
-        side = staged.select([rid, "pid", text, model]).filter(staged.column(flag))
+        side, new = staged.select([rid, "pid", text, model]), staged.column(flag)
+        if not pc.all(new).as_py():  # usually every response is new: no copy of the texts then
+            side = side.filter(new)
         parts.append(pa.Table.from_arrays(side.columns, schema=RESPONSE_SCHEMA))
     return pa.concat_tables(parts)

@@ -56,3 +56,32 @@ def test_c_loop_rejects_out_of_range_key_indices():
         pytest.fail("annotation._hashes was not built")
     with pytest.raises(ValueError, match="out of range"):
         formats.keyed_ids(pa.array(["k"]), pa.array([1], pa.int32()), pa.array(["t"]))
+
+
+def test_id_set_flags_first_occurrences_across_calls():
+    if formats._hashes is None:
+        pytest.fail("annotation._hashes was not built")
+    ids = [hashlib.sha256(str(i % 7).encode()).hexdigest()[:24] for i in range(20)]
+    seen = formats._hashes.IdSet()
+    first = seen.firsts(*formats.string_buffers(pa.array(ids[:10])), 10)
+    again = seen.firsts(*formats.string_buffers(pa.array(ids[10:])), 10)
+    assert list(first) == [1] * 7 + [0] * 3 and list(again) == [0] * 10 and len(seen) == 7
+    with pytest.raises(ValueError, match="not 24 characters"):
+        seen.firsts(*formats.string_buffers(pa.array(["short"])), 1)
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_seen_ids_give_the_same_flags_with_and_without_the_c_set(monkeypatch, built):
+    import annotation.seen as seen_mod
+
+    if not built:
+        monkeypatch.setattr(seen_mod, "_hashes", None)
+    rid = [hashlib.sha256(str(i % 5).encode()).hexdigest()[:24] for i in range(12)]
+    chunk = pa.table({"pid": ["p", "q", "p"] * 4, "rid_a": rid, "rid_b": rid[::-1],
+                      "jid": [None] * 12, "id": pa.nulls(12, pa.string())})
+    seen = seen_mod.SeenIds()
+    flagged = seen.flag("judgments", chunk)
+    assert flagged.column("new_p").to_pylist() == [True, True] + [False] * 10
+    assert flagged.column("new_a").to_pylist() == [True] * 5 + [False] * 7
+    assert flagged.column("new_b").to_pylist() == [False] * 12  # the same five ids, already seen
+    assert seen.flag("judgments", chunk).column("new_a").to_pylist() == [False] * 12
