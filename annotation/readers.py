@@ -32,7 +32,7 @@ import pyarrow as pa
 
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
-BATCH_BYTES = 16 << 20  # JSON/CSV block size: ~10k rows of ~1.5 kB per chunk, bounded memory
+BATCH_BYTES = 32 << 20  # JSON/CSV block size: ~20k rows of ~1.5 kB per chunk, bounded memory
 BATCH_ROWS = 20_000
 HASH_BLOCK = 8 << 20
 
