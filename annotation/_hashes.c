@@ -10,7 +10,8 @@
  * hex24(key_offsets, key_data, key_of_row, text_offsets, text_data, n) -> bytes
  *   key_offsets/key_data: int32 offsets and bytes of the distinct keys (Arrow string layout);
  *   key_of_row: int32 index of each row's key; text_offsets/text_data: the n texts, likewise.
- *   Returns n * 24 ASCII hex bytes.
+ *   Returns n * 24 ASCII hex bytes. The buffers must be valid Arrow string buffers (offsets never
+ *   decrease): only the last offsets are checked against the data's size.
  *   annotation/formats.py wraps it; tests/annotation/test_hashes.py checks it against hashlib.
  */
 #define PY_SSIZE_T_CLEAN
@@ -104,7 +105,8 @@ done:
  * Open addressing with linear probing; the table doubles at half load. The ids are sha256 hex, so
  * their bytes mixed by one multiply spread evenly over the table.
  *
- * IdSet().firsts(offsets, data, n) -> bytes: 1 where id i is new (and learns it), else 0.
+ * IdSet().firsts(offsets, data, n) -> bytes: 1 where id i is new (and learns it), else 0. One
+ * thread at a time per set: firsts() lets go of the GIL while it changes the table.
  */
 #define ID_LEN 24
 

@@ -218,8 +218,10 @@ def test_sigkill_mid_batch_leaves_store_consistent_and_rerun_completes(tmp_path)
     with Store(db) as store:
         ingest_records(store, good_rows(2, start=9000))
         before = snapshot_of(store)
+    # TMPDIR: the killed process cannot remove its spool folder (annotation.spool); keep it in tmp_path
     proc = subprocess.Popen([sys.executable, "-c", KILLABLE, str(db), str(data)], cwd=ROOT,
-                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+                            stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)})
     try:
         assert proc.stdout.readline().strip() == "MID-BATCH"
     finally:
