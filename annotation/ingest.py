@@ -35,8 +35,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from annotation import formats
-from annotation.formats import with_ids
-from annotation.ids import canonical_json
+from annotation.ids import canonical_json, fill_judgment_ids, with_ids
 from annotation.readers import (
     BATCH_ROWS,
     Part,
@@ -227,7 +226,7 @@ class _Writer:
                 yield staged
 
         def complete(rest: pa.Table) -> tuple[pa.Table, str]:
-            return formats.fill_judgment_ids(rest, self.sha.result()), self.batch().id
+            return fill_judgment_ids(rest, self.sha.result()), self.batch().id
 
         self.store.insert_staged_stream(self.cur, kind, counted(), complete)
 
@@ -338,7 +337,7 @@ def _columnar_pass(writer: _Writer, parts: list[Part], known: set[str]) -> None:
 def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                      known: set[str]) -> Iterator[pa.Table]:
     """Staged chunks with prompt and response ids; judgment ids wait for the sha256
-    (formats.fill_judgment_ids). Stops early when the sha256 is a known batch's."""
+    (ids.fill_judgment_ids). Stops early when the sha256 is a known batch's."""
     offset = 0
     for part in parts:
         fmt = opts.fmt

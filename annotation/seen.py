@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from annotation.formats import _hashes, string_buffers
+from annotation.ids import _hashes, string_buffers
 
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
@@ -41,7 +41,7 @@ class SeenIds:
         self.own_ids = False  # some row carried an `id` (an export): it may be in the store already
 
     def flag(self, kind: str, staged: pa.Table) -> pa.Table:
-        """`staged` (with formats.with_ids' columns) plus boolean new_* columns."""
+        """`staged` (with ids.with_ids' columns) plus boolean new_* columns."""
         flags = {"new_p": _first_prompts(staged.column("pid"), self.prompts)}
         for flag, column in RESPONSE_FLAGS[kind]:
             flags[flag] = _first_responses(staged.column(column), self.responses)

@@ -7,7 +7,7 @@ import hashlib
 import pyarrow as pa
 import pytest
 
-from annotation import formats
+from annotation import ids as content_ids
 from annotation.ids import content_id
 
 KEYS = ["What is 2+2?", "", "é" * 300, "[{\"content\":\"hi\",\"role\":\"user\"}]"]
@@ -22,12 +22,12 @@ def expected(keys, key_of_row, texts):
 @pytest.fixture(params=["c", "python"])
 def hasher(request, monkeypatch):
     if request.param == "c":
-        if formats._hashes is None:
+        if content_ids._hashes is None:
             pytest.fail("annotation._hashes was not built (pip install -e . compiles it; needs "
                         "gcc and OpenSSL's headers)")
     else:
-        monkeypatch.setattr(formats, "_hashes", None)
-    return formats.keyed_ids
+        monkeypatch.setattr(content_ids, "_hashes", None)
+    return content_ids.keyed_ids
 
 
 def test_keyed_ids_equal_sha256_of_key_separator_text(hasher):
@@ -52,22 +52,22 @@ def test_empty_and_null_inputs(hasher):
 
 
 def test_c_loop_rejects_out_of_range_key_indices():
-    if formats._hashes is None:
+    if content_ids._hashes is None:
         pytest.fail("annotation._hashes was not built")
     with pytest.raises(ValueError, match="out of range"):
-        formats.keyed_ids(pa.array(["k"]), pa.array([1], pa.int32()), pa.array(["t"]))
+        content_ids.keyed_ids(pa.array(["k"]), pa.array([1], pa.int32()), pa.array(["t"]))
 
 
 def test_id_set_flags_first_occurrences_across_calls():
-    if formats._hashes is None:
+    if content_ids._hashes is None:
         pytest.fail("annotation._hashes was not built")
     ids = [hashlib.sha256(str(i % 7).encode()).hexdigest()[:24] for i in range(20)]
-    seen = formats._hashes.IdSet()
-    first = seen.firsts(*formats.string_buffers(pa.array(ids[:10])), 10)
-    again = seen.firsts(*formats.string_buffers(pa.array(ids[10:])), 10)
+    seen = content_ids._hashes.IdSet()
+    first = seen.firsts(*content_ids.string_buffers(pa.array(ids[:10])), 10)
+    again = seen.firsts(*content_ids.string_buffers(pa.array(ids[10:])), 10)
     assert list(first) == [1] * 7 + [0] * 3 and list(again) == [0] * 10 and len(seen) == 7
     with pytest.raises(ValueError, match="not 24 characters"):
-        seen.firsts(*formats.string_buffers(pa.array(["short"])), 1)
+        seen.firsts(*content_ids.string_buffers(pa.array(["short"])), 1)
 
 
 @pytest.mark.parametrize("built", [True, False])

@@ -7,8 +7,8 @@ import hashlib
 import pyarrow as pa
 import pytest
 
-from annotation.formats import JUDGMENT_SCHEMA, with_ids
-from annotation.ids import content_id, prompt_id, response_id
+from annotation.formats import JUDGMENT_SCHEMA
+from annotation.ids import content_id, prompt_id, response_id, with_ids
 from annotation.ingest import ingest_records
 from annotation.store import SCHEMA_VERSION, Store, StoreError
 
