@@ -2,7 +2,7 @@
 
 One file is one batch and one transaction. Rows are read in chunks; a clean JSONL/CSV/Parquet/HF file
 of judgments or TRL string pairs takes the columnar path (Arrow reads, vectorized checks, content ids
-hashed in a read-ahead thread while DuckDB writes the chunk before, the whole file as one INSERT per
+hashed in read-ahead threads while DuckDB writes the chunks before, the whole file as one INSERT per
 table: annotation.spool); anything else, and any file where
 the vectorized checks find a problem, takes the precise path, which parses row by row and names every
 problem as `FILE:LINE: field: what is wrong`. Either way each prompt, response and judgment id is
@@ -328,8 +328,8 @@ def _detect(label: str, row: dict) -> str:
 
 
 def _columnar_pass(writer: _Writer, parts: list[Part], known: set[str]) -> None:
-    # Reading, checking and hashing (Python, Arrow; the hashing without the GIL) run in a thread
-    # while DuckDB writes the chunk before: on two cores that overlap is much of the speed.
+    # Parsing, checking and hashing run in reader threads while DuckDB's one INSERT takes the
+    # chunks before: on two cores that overlap is much of the speed.
     chunks = _columnar_chunks(parts, writer.opts, writer.sha, known)
     writer.add_stream("judgments", read_ahead(writer.seen.flag("judgments", c) for c in chunks))
 
