@@ -12,8 +12,12 @@ reference log-prob cached (`dpo_cached_steps_per_s`). Both take optimizer steps 
 pairs, each cut into equal micro-batches by rm/po_train.py's token budget per forward
 (`dpo_micro_batches`: 2 at max length 256; the accumulated gradient is the whole batch's). A
 third, lean run takes the same batches as micro-batches of `--lean-micro-batch` pairs with
-accumulated gradients (the same optimizer steps; activation memory follows the micro-batch):
-`dpo_lean_*`. TRL's DPOConfig turns gradient checkpointing on by default; that is left as it is.
+accumulated gradients and gradient checkpointing (the same optimizer steps; activation memory
+follows the micro-batch and one layer): `dpo_lean_*`. TRL's DPOConfig turns gradient
+checkpointing on by default; that is left as it is. Its `bf16=True` default is turned off: both
+sides train in fp32, the precision whose first losses are compared; on CPUs without native bf16
+(AVX2-only, as the development machine of 2026-12-02) TRL's bf16 autocast is emulated and about
+60x slower, which would measure the CPU, not the trainer.
 
 Run: `nice -n 10 .venv/bin/python bench/dpo_vs_trl.py` (TRL's venv is created on first use).
 """
@@ -48,7 +52,7 @@ cfg = DPOConfig(output_dir=a["out"], per_device_train_batch_size=a["batch"], max
                 learning_rate=a["lr"], lr_scheduler_type="cosine", warmup_steps=a["warmup_steps"],
                 max_grad_norm=1.0, weight_decay=0.0, beta=a["beta"], loss_type=["sigmoid"],
                 max_length=a["max_length"], seed=0, logging_steps=1, save_strategy="no",
-                eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True)
+                eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, bf16=False)
 trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
 out = trainer.train()
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
@@ -98,9 +102,9 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
     env_cmd = ["env", f"PYTHONPATH={ROOT}", f"OMP_NUM_THREADS={args.threads}"]
     whole = ["--batch-size", str(args.batch)]
     # the same batches of 8 pairs as micro-batches of --lean-micro-batch pairs with accumulated
-    # gradients: the same optimizer steps, a fraction of the activation memory
+    # gradients and layer activations recomputed: the same optimizer steps, least activation memory
     lean = ["--batch-size", str(args.lean_micro_batch),
-            "--grad-accum", str(args.batch // args.lean_micro_batch)]
+            "--grad-accum", str(args.batch // args.lean_micro_batch), "--gradient-checkpointing"]
     runs = {}
     for name, shape in (("first", whole), ("cached", whole), ("lean_cached", lean)):
         shutil.rmtree(work / name, ignore_errors=True)
@@ -152,12 +156,13 @@ def run(args, work: Path, rows: list[dict]) -> dict:
         "dpo_cached_ref_computed": cached["ref_computed"],
         "dpo_peak_rss_mb": round(peak, 1), "trl_dpo_peak_rss_mb": round(trl["peak_rss_mb"], 1),
         "dpo_peak_rss_ratio": round(peak / trl["peak_rss_mb"], 3),
-        # the lean run: micro-batches with accumulation, reference log-probs cached
+        # the lean run: micro-batches with accumulation and checkpointing, reference log-probs cached
         "dpo_lean_micro_batch": args.lean_micro_batch,
         "dpo_lean_cached_steps_per_s": round(lean_rate, 4),
         "dpo_lean_peak_rss_mb": round(lean["peak_rss_mb"], 1),
         "dpo_lean_peak_rss_ratio": round(lean["peak_rss_mb"] / trl["peak_rss_mb"], 3),
         "trl_dpo_gradient_checkpointing": True,  # DPOConfig's default in TRL 1.16
+        "trl_dpo_bf16": False,  # both sides fp32 (module docstring)
         "dpo_first_loss": round(first["first_loss"], 6), "trl_dpo_first_loss": round(trl["first_loss"], 6),
         "dpo_final_loss": round(first["final_loss"], 6), "trl_dpo_final_loss": round(trl["final_loss"], 6),
         "dpo_truncated": first["truncated"],

@@ -4,7 +4,8 @@ Same Llama-style model built from a config (hidden 256, 4 layers, ~5M parameters
 synthetic pairs of mixed length (about 30 to 256 tokens), batch 8, max length 256, the same number
 of optimizer steps, learning rate, warmup + cosine schedule and clipping. TRL runs in a venv of its
 own (bench/.trl-venv, created here on first use with `pip install torch==2.13.0 trl`); it is never
-a dependency of bradley. Both final accuracies are measured on the same 64 held-out pairs.
+a dependency of bradley. Both final accuracies are measured on the same 64 held-out pairs. Both
+train in fp32: RewardConfig's `bf16=True` default is turned off (see bench/dpo_vs_trl.py).
 
 Prints one JSON line: rm_steps_per_s, trl_rm_steps_per_s, rm_speedup_vs_trl, rm_val_accuracy,
 trl_val_accuracy, and the setup, then the DPO half's `dpo_*` / `trl_dpo_*` keys (bench/dpo_vs_trl.py;
@@ -46,7 +47,7 @@ cfg = RewardConfig(output_dir=a["out"], per_device_train_batch_size=a["batch"], 
                    warmup_steps=int(a["warmup"] * a["steps"]),
                    max_grad_norm=1.0, weight_decay=0.0, max_length=a["max_length"], seed=0,
                    logging_steps=10_000, save_strategy="no", eval_strategy="no", report_to=[],
-                   use_cpu=True, per_device_eval_batch_size=16, disable_tqdm=True)
+                   use_cpu=True, per_device_eval_batch_size=16, disable_tqdm=True, bf16=False)
 trainer = RewardTrainer(model=model, args=cfg, train_dataset=read(a["train"]),
                         eval_dataset=read(a["val"]), processing_class=tok)
 out = trainer.train()

@@ -163,6 +163,9 @@ def _add_train(sub) -> None:
         q.add_argument("--patience", type=int, default=3,
                        help="evaluations without a better validation loss before stopping early")
         q.add_argument("--warmup-ratio", type=float, default=0.1)
+        q.add_argument("--gradient-checkpointing", type=int, nargs="?", const=1, default=0, metavar="N",
+                       help="recompute layer activations in the backward pass (every N-th layer; "
+                            "default every layer): less memory, about one more forward per step")
     rm.add_argument("--soft-labels", action="store_true", help="train on vote shares p̂, not majorities")
     rm.add_argument("--margin", action="store_true", help="use judgment strength as a BT margin")
     rm.add_argument("--center", type=float, default=0.0, help="reward-centering coefficient λ")

@@ -5,6 +5,7 @@ the policy is saved (safetensors) and registered with its snapshot."""
 import gzip
 import json
 import math
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -165,3 +166,14 @@ def test_micro_batches_give_the_whole_batch_training(filled, tmp_path, monkeypat
     for key in ("first_loss", "final_loss", "final_margin"):
         assert cut[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-5)
     assert cut["steps"] == whole["steps"] == 6
+
+
+def test_gradient_checkpointing_trains_the_same_and_is_recorded(filled, tmp_path, monkeypatch):
+    """Recomputing layer activations in the backward pass changes memory, not the arithmetic."""
+    plain = run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
+    lean = run(po_args(tmp_path / "gc", "dpo", "--val-fraction", "0", "--gradient-checkpointing"),
+               filled, monkeypatch)
+    for key in ("first_loss", "final_loss", "final_margin"):
+        assert lean[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-5)
+    record = json.loads((Path(lean["path"]) / "train_config.json").read_text())
+    assert record["gradient_checkpointing"] == 1
