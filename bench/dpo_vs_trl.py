@@ -4,7 +4,7 @@ The DPO half of bench/train_vs_trl.py (which imports `run` from here); alone it 
 line. Same ~5M-parameter Llama-style causal LM built from a config (hidden 256, 4 layers), the
 same 256 synthetic pairs, batch 8, max length 256, the same optimizer steps, learning rate, warmup
 + cosine schedule and clipping, CPU, 2 threads. Each side runs as its own process, so its peak RSS
-(ru_maxrss from wait4) is its own.
+(VmHWM, bench/peak_rss.py) is its own.
 
 Ours runs end to end through the CLI on a fresh store: the first run includes the one-time
 reference pass in its time (`dpo_steps_per_s`); a second run on the same store finds every
@@ -61,16 +61,18 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 '''
 
 
-def run_measured(cmd: list[str], work: Path, name: str) -> tuple[str, float]:
-    """(stdout, peak RSS in MB) of one child process, from its own wait4 rusage."""
-    out_path, err_path = work / f"{name}.out", work / f"{name}.err"
+def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None) -> tuple[str, float]:
+    """(stdout, peak RSS in MB) of one Python child `[python, script or -m module, args...]`, as
+    bench/peak_rss.py reads it (that module says why not ru_maxrss)."""
+    out_path, err_path, peak_path = (work / f"{name}.{ext}" for ext in ("out", "err", "peak"))
+    peak_path.unlink(missing_ok=True)
+    launch = [cmd[0], str(ROOT / "bench" / "peak_rss.py"), str(peak_path), *cmd[1:]]
     with open(out_path, "w") as out, open(err_path, "w") as err:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=work)
-        _, status, usage = os.wait4(proc.pid, 0)  # reaped here, so rusage is this child's alone
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
+        code = subprocess.run(launch, stdout=out, stderr=err, cwd=work,
+                              env={**os.environ, **(env or {})}).returncode
+    if code != 0:
         raise SystemExit(f"{name} failed:\n{err_path.read_text()[-4000:]}")
-    return out_path.read_text(), usage.ru_maxrss / 1024
+    return out_path.read_text(), float(peak_path.read_text())
 
 
 def build_policy(rows: list[dict], folder: Path) -> int:
@@ -99,7 +101,7 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
     train = bradley + ["train", "po", "--loss", "dpo", "--base-model", str(folder), "--steps",
                        str(args.steps), "--max-length", str(args.max_length), "--lr", str(args.lr),
                        "--warmup-ratio", str(args.warmup), "--val-fraction", "0", "--beta", str(args.beta)]
-    env_cmd = ["env", f"PYTHONPATH={ROOT}", f"OMP_NUM_THREADS={args.threads}"]
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
     whole = ["--batch-size", str(args.batch)]
     # the same batches of 8 pairs as micro-batches of --lean-micro-batch pairs with accumulated
     # gradients and layer activations recomputed: the same optimizer steps, least activation memory
@@ -108,7 +110,7 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
     runs = {}
     for name, shape in (("first", whole), ("cached", whole), ("lean_cached", lean)):
         shutil.rmtree(work / name, ignore_errors=True)
-        out, rss = run_measured(env_cmd + train + shape + ["--out", str(work / name)], work, name)
+        out, rss = run_measured(train + shape + ["--out", str(work / name)], work, name, env)
         runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
     return runs
 
