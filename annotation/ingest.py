@@ -7,7 +7,7 @@ table: annotation.spool); anything else, and any file where
 the vectorized checks find a problem, takes the precise path, which parses row by row and names every
 problem as `FILE:LINE: field: what is wrong`. Either way each prompt, response and judgment id is
 written once per batch (annotation.seen), and ids already in the store are dropped before the commit
-(Store.dedup_batch): the tables keep no index to check against (schema.sql says why).
+(bulk.drop_earlier_ids): the tables keep no index to check against (schema.sql says why).
 
 `on_error="abort"` (default): a bad row writes nothing from that file and raises IngestError.
 `on_error="skip"`: good rows are committed, bad ones go to `rejects` with their reason and raw text.
@@ -34,7 +34,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from annotation import formats
+from annotation import bulk, formats
 from annotation.ids import canonical_json, fill_judgment_ids, with_ids
 from annotation.readers import (
     BATCH_ROWS,
@@ -198,7 +198,7 @@ def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> I
             result = IngestResult(source, None, writer.rows_in, 0, 0, errors=writer.errors, failed=True)
             raise IngestError(writer.errors, writer.first_field, result)
         info = writer.batch()
-        store.dedup_batch(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
+        bulk.drop_earlier_ids(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
         info = store.finish_batch(cur, info, writer.rows_in)
     return IngestResult(source, info.id, info.rows_in, info.rows_ok, info.rows_rejected,
                         errors=writer.errors)
@@ -218,7 +218,7 @@ class _Writer:
         self.bar = _progress_bar() if opts.progress else None
 
     def add_stream(self, kind: str, chunks: Iterator[pa.Table]) -> None:
-        """Write a stream of staged chunks as one INSERT per table (Store.insert_staged_stream)."""
+        """Write a stream of staged chunks as one INSERT per table (bulk.insert_stream)."""
         def counted():
             for staged in chunks:
                 self.rows_in += staged.num_rows
@@ -228,7 +228,7 @@ class _Writer:
         def complete(rest: pa.Table) -> tuple[pa.Table, str]:
             return fill_judgment_ids(rest, self.sha.result()), self.batch().id
 
-        self.store.insert_staged_stream(self.cur, kind, counted(), complete)
+        bulk.insert_stream(self.cur, kind, counted(), complete)
 
     def batch(self):
         """The batch row, begun when first needed: the source's sha256 is known then (a file's is
@@ -265,7 +265,7 @@ class _Writer:
         for kind, rows in self.pending.items():
             if rows:
                 staged = with_ids(kind, _staged_table(kind, rows), self.sha.result())
-                self.store.insert_staged(self.cur, kind, self.seen.flag(kind, staged), self.batch().id)
+                bulk.insert(self.cur, kind, self.seen.flag(kind, staged), self.batch().id)
                 self._tick(len(rows))
         if self.rejects:
             self.store.insert_rejects(self.cur, self.batch().id, self.rejects)

@@ -2,7 +2,7 @@
 
 prompts, responses and judgments have no PRIMARY KEY (an ART index cost 4/5 of ingest time, see
 schema.sql). A batch therefore flags each staged row's ids as first-in-batch or not, writes only the
-first ones, and at its end lets Store.dedup_batch drop those that were in the store before the batch.
+first ones, and at its end lets bulk.drop_earlier_ids drop those that were in the store before the batch.
 
     >>> import pyarrow as pa
     >>> seen = SeenIds()

@@ -1,6 +1,6 @@
 """The preference store: one DuckDB file, the schema in schema.sql, and every SQL statement of bradley.
 
-Nothing outside this module writes SQL. Every query is parameterized; table names never come from input.
+Nothing outside this module and annotation/bulk.py (an ingest batch's bulk writes) writes SQL. Every query is parameterized; table names never come from input.
 
     >>> store = Store(":memory:")
     >>> store.schema_version()
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import json
 import re
-import tempfile
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,6 @@ import duckdb
 import pyarrow as pa
 
 from annotation.ids import canonical_json, content_id
-from annotation.spool import Spool
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 1
@@ -178,37 +176,6 @@ class Store:
         info.rows_ok, info.rows_rejected = ok, bad
         return info
 
-    def insert_staged(self, cur, kind: str, staged: pa.Table, batch_id: str) -> None:
-        """Inside an open transaction: write staged judgment or feedback rows and their prompts and
-        responses. `staged` has annotation.formats' columns plus content ids (ids.with_ids)."""
-        # Found by name (DuckDB's replacement scan), not register(): a registered table stays pinned
-        # until the transaction commits, which held every chunk of a big file in memory at once.
-        _bradley_stage = staged  # noqa: F841
-        for statement in _STAGE_INSERTS[kind]:
-            cur.execute(statement, [batch_id] if "$1" in statement else [])
-
-    def insert_staged_stream(self, cur, kind: str, chunks: Iterator[pa.Table],
-                             complete: Callable[[pa.Table], tuple[pa.Table, str]]) -> None:
-        """insert_staged for a whole stream of chunks as one INSERT per table (annotation.spool says
-        why). The chunks' responses stream in first; then `complete(rest)` gives the rest of the
-        rows with their judgment ids, and the batch id. An exception raised by `chunks` is re-raised
-        here as it was, not as DuckDB's error."""
-        with tempfile.TemporaryDirectory(prefix="bradley-ingest-") as folder:
-            spool = Spool(kind, chunks, folder)
-            _bradley_responses = spool.responses()  # noqa: F841 (read by name, as above)
-            try:
-                cur.execute(_STREAM_RESPONSES)
-            except duckdb.Error:
-                if spool.error is not None:
-                    raise spool.error from None
-                raise
-            _bradley_stage = spool.rest()
-            if _bradley_stage is not None:
-                _bradley_stage, batch_id = complete(_bradley_stage)
-                for statement in (_STAGE_PROMPTS, _STAGE_ROWS[kind]):
-                    cur.execute(statement, [batch_id] if "$1" in statement else [])
-            del _bradley_stage  # unmap the spooled file before its folder goes
-
     def insert_rows(self, cur, table: str, rows: pa.Table) -> None:
         """Insert an Arrow table into one of the data tables, matching columns by name; rows whose id
         is already in the table (or earlier in `rows`) are skipped."""
@@ -221,24 +188,6 @@ class Store:
                         f"FROM _bradley_rows r ANTI JOIN {table} t ON t.id = r.id")
         finally:
             cur.unregister("_bradley_rows")
-
-    def dedup_batch(self, cur, batch_id: str, prompt_ids: Sequence[str], own_ids: bool) -> None:
-        """Inside the batch's transaction, after its rows: drop the rows it wrote again whose id was in
-        the store before it. A batch writes each prompt id once, so a prompt id seen twice was there
-        before; only responses of such prompts can be (a response id hashes its prompt). Judgment ids
-        are new with every batch unless rows carried their own (`own_ids`: an export ingested back)."""
-        again = self._delete_later_copies(cur, "prompts", prompt_ids)
-        if again:
-            self._delete_later_copies(cur, "responses", again)
-        if own_ids:
-            cur.execute(_DEDUP["judgments"], [batch_id])
-
-    def _delete_later_copies(self, cur, table: str, ids: Sequence[str]) -> list[str]:
-        cur.register("_bradley_ids", pa.table({"id": pa.array(ids, pa.string())}))
-        try:
-            return [row[0] for row in cur.execute(_DEDUP[table]).fetchall()]
-        finally:
-            cur.unregister("_bradley_ids")
 
     def insert_rejects(self, cur, batch_id: str, rejects: Iterable[tuple[int, str, str]]) -> None:
         rows = [(batch_id, line, reason, (raw or "")[:10_000]) for line, reason, raw in rejects]
@@ -395,42 +344,6 @@ class Store:
         rows = self._arrow("SELECT id, text FROM prompts WHERE list_contains($1, id) UNION ALL "
                            "SELECT id, text FROM responses WHERE list_contains($1, id)", [list(ids)])
         return dict(zip(rows.column("id").to_pylist(), rows.column("text").to_pylist(), strict=False))
-
-
-# Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid), computed by ids.with_ids
-# in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
-# with flags (new_p, new_a, new_b, new_r, new_j) true where the id is the first of its kind in the batch.
-_STAGE_PROMPTS = "INSERT INTO prompts (id, text, messages) SELECT pid, prompt, messages FROM _bradley_stage WHERE new_p"
-_STAGE_RESPONSES = {
-    "judgments": "INSERT INTO responses (id, prompt_id, text, source_model) "
-                 "SELECT rid_a, pid, response_a, model_a FROM _bradley_stage WHERE new_a "
-                 "UNION ALL SELECT rid_b, pid, response_b, model_b FROM _bradley_stage WHERE new_b",
-    "feedback": "INSERT INTO responses (id, prompt_id, text, source_model) "
-                "SELECT rid, pid, completion, model FROM _bradley_stage WHERE new_r",
-}
-_STAGE_ROWS = {
-    "judgments": "INSERT INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
-                 "source, batch_id, created_at, rationale, metadata) SELECT jid, pid, rid_a, rid_b, winner, "
-                 "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage WHERE new_j",
-    "feedback": "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id) "
-                "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage WHERE new_j",
-}
-_STAGE_INSERTS = {kind: [_STAGE_PROMPTS, _STAGE_RESPONSES[kind], _STAGE_ROWS[kind]] for kind in _STAGE_ROWS}
-# annotation.spool's stream of new responses (already in the responses table's column order)
-_STREAM_RESPONSES = ("INSERT INTO responses (id, prompt_id, text, source_model) "
-                     "SELECT id, prompt_id, text, source_model FROM _bradley_responses")
-# Later copies of an id. Copies agree on everything the id hashes, so keeping any one is correct; the
-# lowest rowid is the oldest (rows of the open transaction number after all committed ones).
-_LATER_COPIES = ("SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid) AS n "
-                 "FROM {table} WHERE {where}) WHERE n > 1")
-_DEDUP = {  # _bradley_ids: the batch's prompt ids; then those that were in the store before it
-    "prompts": "DELETE FROM prompts WHERE rowid IN (" + _LATER_COPIES.format(
-        table="prompts", where="id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
-    "responses": "DELETE FROM responses WHERE rowid IN (" + _LATER_COPIES.format(
-        table="responses", where="prompt_id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
-    "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN "
-                 "(SELECT id FROM judgments WHERE batch_id <> $1)",
-}
 
 
 def _with_batch(table: pa.Table, name: str, batch_id: str) -> pa.Table:
