@@ -40,6 +40,7 @@ from annotation.readers import (
     BATCH_ROWS,
     Part,
     Record,
+    finished,
     open_parts,
     read_ahead,
     sha256_in_background,
@@ -129,7 +130,7 @@ def ingest_records(store, records: list[dict], fmt: str = "auto", source: str = 
     sha = hashlib.sha256(canonical_json(records).encode("utf-8")).hexdigest()
     rows = [_record(i, value) for i, value in enumerate(records, 1)]
     part = Part(source, _no_batches, lambda: iter(rows))
-    return _ingest(store, source, _done(sha), [part], _Options(fmt, on_error, False, None))
+    return _ingest(store, source, finished(sha), [part], _Options(fmt, on_error, False, None))
 
 
 def _check_options(fmt: str, on_error: str) -> None:
@@ -155,12 +156,6 @@ class _Options:
     on_error: str
     progress: bool
     source_model: str | None
-
-
-def _done(value) -> Future:
-    future: Future = Future()
-    future.set_result(value)
-    return future
 
 
 def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) -> IngestResult:

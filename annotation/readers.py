@@ -89,6 +89,13 @@ def source_sha256(path: str) -> str:
     return digest.hexdigest()
 
 
+def finished(value) -> Future:
+    """A Future that already holds `value` (a sha256 known at once, where others are computed)."""
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
 def sha256_in_background(path: str) -> Future:
     """source_sha256 of a plain file, hashed in a thread (hashlib lets go of the GIL on big blocks),
     so ingest can parse while it runs; folders and hf:SPEC are fingerprinted at once.
@@ -99,10 +106,9 @@ def sha256_in_background(path: str) -> Future:
     >>> sha256_in_background(path).result() == hashlib.sha256(b"{}").hexdigest()
     True
     """
-    future: Future = Future()
     if not Path(path).is_file():
-        future.set_result(source_sha256(path))
-        return future
+        return finished(source_sha256(path))
+    future: Future = Future()
 
     def run() -> None:
         try:
