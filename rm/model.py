@@ -305,21 +305,5 @@ def fit_max_length(max_length: int | None, hf_model) -> int | None:
     return min(max_length, limit) if max_length else limit
 
 
-def enable_checkpointing(hf_model, every_n_layers: int = 1) -> None:
-    """Keep only the inputs of every `every_n_layers`-th transformer layer and recompute the rest of
-    its activations in the backward pass (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
-    Cost"): activation memory falls to those inputs plus one layer's worth, for about one more
-    forward per step. Non-reentrant checkpointing, which works with DDP and frozen inputs."""
-    if every_n_layers < 1:
-        raise ValueError(f"--gradient-checkpointing N needs N >= 1 (every N-th layer), got {every_n_layers}")
-    kwargs = {"use_reentrant": False}
-    if hasattr(hf_model, "activation_checkpointing_enable"):  # newer transformers
-        hf_model.activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers)
-    elif every_n_layers == 1:
-        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    else:
-        raise ValueError("checkpointing every n-th layer needs a newer transformers; use every layer")
-
-
 def count_parameters(module: torch.nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())

@@ -152,7 +152,7 @@ def _plan(args) -> dict:
 def _prepare(args, plan: dict, device, info):
     """The policy (the tiny one is built on rank 0 from the snapshot's text) and its data."""
     from rm import po_data
-    from rm.model import build_tiny_causal_lm, enable_checkpointing
+    from rm.model import build_tiny_causal_lm
 
     base = args.base_model
     if base == "tiny":
@@ -161,8 +161,6 @@ def _prepare(args, plan: dict, device, info):
             build_tiny_causal_lm(base, _texts(plan), seed=args.seed)
         devices.barrier(info)
     model, tokenizer = load_causal_lm(base)
-    if args.gradient_checkpointing != 0:
-        enable_checkpointing(model, args.gradient_checkpointing)
     if args.loss == "kto":
         data = po_data.kto_data(plan["feedback"], plan["pairs"], tokenizer, args.max_length)
     else:
@@ -234,13 +232,13 @@ def _train(args, plan, model, tokenizer, data, ref, device, info):
                          epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
                          grad_accum=args.grad_accum * split, warmup_ratio=args.warmup_ratio,
                          eval_every=args.eval_every, patience=args.patience,
-                         max_seconds=args.max_seconds, seed=args.seed)
+                         max_seconds=args.max_seconds, seed=args.seed,
+                         gradient_checkpointing=args.gradient_checkpointing)
     plan["record"] = {"model_id": plan["model_id"], "kind": args.loss, "base_model": args.base_model,
                       "snapshot_id": plan["snapshot_id"], "raters": args.raters,
                       "max_length": args.max_length, "val_fraction": args.val_fraction,
                       "world_size": info.world_size, **vars(_po_config(args)), **config.as_dict(),
-                      "grad_accum": args.grad_accum, "micro_batches": split,
-                      "gradient_checkpointing": args.gradient_checkpointing}
+                      "grad_accum": args.grad_accum, "micro_batches": split}
     log = StepLog(po_objective(_po_config(args)), args.grad_accum * split, enabled=info.is_main)
 
     def epoch_batches(epoch: int):

@@ -130,21 +130,12 @@ def _train_rm(args, plan, device, info):
     import pyarrow.parquet as pq
 
     from rm import data
-    from rm.model import (
-        RewardNet,
-        count_parameters,
-        enable_checkpointing,
-        fit_max_length,
-        load_backbone,
-        save_model,
-    )
+    from rm.model import RewardNet, count_parameters, fit_max_length, load_backbone, save_model
 
     rows = pq.read_table(plan["pairs"]).to_pylist()
     hf_model, tokenizer = load_backbone(_base_model(args, plan, rows, info))
     devices.set_threads(device, info, count_parameters(hf_model))
     args.max_length = fit_max_length(args.max_length, hf_model)
-    if args.gradient_checkpointing != 0:
-        enable_checkpointing(hf_model, args.gradient_checkpointing)
     pairs = data.tokenize_pairs(tokenizer, rows, args.max_length)
     train, val = data.split_pairs(pairs, args.val_fraction)
     net = RewardNet(hf_model, tokenizer.sep_token_id)
@@ -176,7 +167,8 @@ def _train_config(args) -> TrainConfig:
     return TrainConfig(lr=lr, epochs=args.epochs, steps=args.steps, batch_size=args.batch_size,
                        grad_accum=args.grad_accum, warmup_ratio=args.warmup_ratio,
                        eval_every=args.eval_every, patience=args.patience,
-                       max_seconds=args.max_seconds, seed=args.seed)
+                       max_seconds=args.max_seconds, seed=args.seed,
+                       gradient_checkpointing=args.gradient_checkpointing)
 
 
 def _record(args, plan: dict, config: TrainConfig, info) -> dict:
@@ -185,7 +177,7 @@ def _record(args, plan: dict, config: TrainConfig, info) -> dict:
             "snapshot_id": plan["snapshot_id"], "raters": args.raters, "max_length": args.max_length,
             "val_fraction": args.val_fraction, "soft_labels": args.soft_labels,
             "margin": args.margin, "center": args.center, "world_size": info.world_size,
-            "gradient_checkpointing": args.gradient_checkpointing, **config.as_dict()}
+            **config.as_dict()}
 
 
 def _publish(args, plan: dict, result: LoopResult, counts: dict, config, info) -> dict:

@@ -1,7 +1,8 @@
 """One training loop for every objective (reward models, DPO and friends), and the `bradley train`
 dispatch: `rm` → rm/rm_train.py, `po` → rm/policy.py.
 
-The loop: AdamW, linear warmup then cosine decay, gradient accumulation, gradient clipping,
+The loop: AdamW, linear warmup then cosine decay, gradient accumulation, optional gradient
+checkpointing, gradient clipping,
 evaluation every N optimizer steps, early stopping on validation loss, a checkpoint of the best
 model, a progress bar on stderr, and DDP when launched by `torchrun` (rm/device.py).
 
@@ -50,6 +51,7 @@ class TrainConfig:
     patience: int | None = 3           # evaluations without improvement; None: never stop early
     max_seconds: float | None = None
     seed: int = 0
+    gradient_checkpointing: int = 0    # recompute every N-th layer's activations; 0: keep them all
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,6 +66,23 @@ class LoopResult:
     last_train: dict = field(default_factory=dict)
     stopped: str = "steps"                       # steps | early_stopping | time
     history: list = field(default_factory=list)  # (step, validation metrics)
+
+
+def enable_checkpointing(model: torch.nn.Module, every_n_layers: int = 1) -> None:
+    """Keep only the inputs of every `every_n_layers`-th transformer layer of the Hugging Face model
+    inside `model` and recompute the rest of its activations in the backward pass (Chen et al. 2016,
+    "Training Deep Nets with Sublinear Memory Cost"): activation memory falls to those inputs plus
+    one layer's worth, for about one more forward per step. Non-reentrant, so it works under DDP."""
+    if every_n_layers < 1:
+        raise ValueError(f"--gradient-checkpointing N needs N >= 1 (every N-th layer), got {every_n_layers}")
+    hf_model = next(m for m in model.modules() if hasattr(m, "gradient_checkpointing_enable"))
+    kwargs = {"use_reentrant": False}
+    if hasattr(hf_model, "activation_checkpointing_enable"):  # newer transformers
+        hf_model.activation_checkpointing_enable(kwargs, every_n_layers=every_n_layers)
+    elif every_n_layers == 1:
+        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    else:
+        raise ValueError("checkpointing every n-th layer needs a newer transformers; use every layer")
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:
@@ -168,6 +187,8 @@ def train_loop(model: torch.nn.Module, objective: Callable, train_batches, val_b
     """
     device = device or torch.device("cpu")
     info = info or devices.Dist()
+    if config.gradient_checkpointing:
+        enable_checkpointing(model, config.gradient_checkpointing)
     first = train_batches(0) if callable(train_batches) else train_batches
     total = total_steps(config, len(first))
     every = config.eval_every or max(1, total // EVALS_PER_RUN)
