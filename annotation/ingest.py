@@ -1,10 +1,10 @@
 """Ingest: files (or already-parsed rows) into the store, validated, atomically, in bounded memory.
 
 One file is one batch and one transaction. Rows are read in chunks; a clean JSONL/CSV/Parquet/HF file
-of judgments or TRL string pairs takes the columnar path (Arrow reads, vectorized checks, content ids
-hashed in read-ahead threads while DuckDB writes the chunks before, the whole file as one INSERT per
-table: annotation.spool); anything else, and any file where
-the vectorized checks find a problem, takes the precise path, which parses row by row and names every
+of judgments or TRL string pairs takes the columnar path (Arrow reads, vectorized checks in
+annotation.columnar, content ids hashed in read-ahead threads while DuckDB writes the chunks before,
+the whole file as one INSERT per table: annotation.spool); anything else, and any file where the
+vectorized checks find a problem, takes the precise path, which parses row by row and names every
 problem as `FILE:LINE: field: what is wrong`. Either way each prompt, response and judgment id is
 written once per batch (annotation.seen), and ids already in the store are dropped before the commit
 (bulk.drop_earlier_ids): the tables keep no index to check against (schema.sql says why).
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from annotation import bulk, formats
+from annotation import bulk, columnar, formats
+from annotation.columnar import NeedsPrecise
 from annotation.ids import canonical_json, fill_judgment_ids, with_ids
 from annotation.readers import (
     BATCH_ROWS,
@@ -51,13 +51,6 @@ ON_ERROR = ("abort", "skip")
 MAX_LISTED_ERRORS = 1000
 INGEST_MEMORY = "1GB"  # DuckDB's share while a big file streams in (it spills beyond): bounded RSS
 DETECT_ROWS = 100  # --format auto reads the columns of this many rows, so one broken row cannot mislead it
-FAST_COLUMNS = {  # formats the columnar path handles: input column -> staged column
-    "judgments": {"prompt": "prompt", "response_a": "response_a", "response_b": "response_b",
-                  "winner": "winner"},
-    "trl": {"prompt": "prompt", "chosen": "response_a", "rejected": "response_b"},
-}
-FAST_KNOWN = {"judgments": formats.JUDGMENT_KEYS, "trl": formats.TRL_KEYS}
-OPTIONAL_TEXT = ("id", "rater", "source", "rationale", "model_a", "model_b")
 
 
 class IngestError(ValueError):
@@ -96,10 +89,6 @@ class IngestResult:
         if self.rows_existing:
             text += f", {self.rows_existing:,} already in the store"
         return text + (f" (see rejects, batch {self.batch_id})" if self.rows_rejected else "")
-
-
-class _NeedsPrecise(Exception):
-    """The columnar path cannot vouch for this chunk; the precise path redoes the whole source."""
 
 
 class _Duplicate(Exception):
@@ -147,7 +136,7 @@ def _record(row: int, value) -> Record:
 
 
 def _no_batches():
-    raise _NeedsPrecise
+    raise NeedsPrecise
 
 
 @dataclass
@@ -167,7 +156,7 @@ def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) 
         try:
             known = store.batch_sha256s()
             return _write(store, source, sha, lambda w: _columnar_pass(w, parts, known), opts)
-        except _NeedsPrecise:
+        except NeedsPrecise:
             _check_new(store, sha.result())
             return _write(store, source, sha, lambda w: _precise_pass(w, parts), opts)
     except _Duplicate:
@@ -341,93 +330,7 @@ def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                 fmt = fmt if fmt != "auto" else _detect(part.name, dict.fromkeys(batch.schema.names))
                 if sha.done() and sha.result() in known:
                     raise _Duplicate
-                yield with_ids("judgments", _columnar(batch, fmt, offset, opts.source_model), None)
+                yield with_ids("judgments", columnar.stage(batch, fmt, offset, opts.source_model), None)
                 offset += batch.num_rows
         except (pa.ArrowException, NotImplementedError) as exc:
-            raise _NeedsPrecise from exc
-
-
-def _columnar(batch: pa.RecordBatch, fmt: str, offset: int, source_model: str | None) -> pa.Table:
-    """Staged judgments for a clean chunk; _NeedsPrecise when any row needs a closer look."""
-    mapping = FAST_COLUMNS.get(fmt)
-    cols = dict(zip(batch.schema.names, batch.columns, strict=False))
-    if mapping is None or not set(mapping) <= set(cols) or {"messages", "metadata"} & set(cols):
-        raise _NeedsPrecise
-    n = batch.num_rows
-    out = {target: _required_text(cols[name], target == "prompt") for name, target in mapping.items()}
-    _require(pc.all(pc.is_in(out.get("winner", pa.array(["a"])), pa.array(formats.WINNERS))))
-    if "winner" not in out:  # a TRL pair: chosen is response a, and equal texts state no preference
-        out["winner"] = pa.array(["a"] * n, pa.string())
-        _require(not pc.any(pc.equal(out["response_a"], out["response_b"])).as_py())
-    for name in OPTIONAL_TEXT:
-        out[name] = _optional_text(cols.get(name), n)
-    out["rater"] = _raters(out["rater"])
-    out["source"] = pc.fill_null(out["source"], fmt)
-    if source_model:
-        out["model_a"], out["model_b"] = (pc.fill_null(out[k], source_model) for k in ("model_a", "model_b"))
-    out["strength"] = _strength(cols.get("strength"), n)
-    out["created_at"] = _python_column(cols.get("created_at"), n, formats.timestamp, "created_at")
-    out["metadata"] = _metadata(batch, FAST_KNOWN[fmt])
-    out["row"] = pa.array(range(offset + 1, offset + n + 1), pa.int64())
-    out["messages"] = pa.nulls(n, pa.string())
-    return pa.table({f.name: out[f.name] for f in formats.JUDGMENT_SCHEMA}, schema=formats.JUDGMENT_SCHEMA)
-
-
-def _require(ok) -> None:
-    if not (ok.as_py() if isinstance(ok, pa.Scalar) else ok):
-        raise _NeedsPrecise
-
-
-def _is_text(column) -> bool:
-    return pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-
-
-def _required_text(column, non_empty: bool) -> pa.Array:
-    _require(_is_text(column) and column.null_count == 0)
-    column = column.cast(pa.string())
-    if non_empty and len(column):
-        _require(pc.min(pc.utf8_length(column)).as_py() > 0)
-    return column
-
-
-def _optional_text(column, n: int) -> pa.Array:
-    if column is None or pa.types.is_null(column.type):
-        return pa.nulls(n, pa.string())
-    _require(_is_text(column) or pa.types.is_integer(column.type))
-    column = column.cast(pa.string())
-    return pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
-
-
-def _raters(column: pa.Array) -> pa.Array:
-    column = pc.fill_null(column, formats.ANONYMOUS)
-    known = pc.or_(pc.starts_with(column, "human:"), pc.starts_with(column, "ai:"))
-    return pc.if_else(known, column, pc.binary_join_element_wise("human:", column, ""))
-
-
-def _strength(column, n: int) -> pa.Array:
-    if column is None or pa.types.is_null(column.type):
-        return pa.nulls(n, pa.float64())
-    if _is_text(column):
-        column = pc.if_else(pc.equal(column, ""), pa.scalar(None, column.type), column)
-    _require(_is_text(column) or pa.types.is_integer(column.type) or pa.types.is_floating(column.type))
-    values = column.cast(pa.float64())  # ArrowInvalid on text that is not a number -> precise path
-    _require(pc.all(pc.is_finite(values)).as_py() in (True, None))
-    return values
-
-
-def _python_column(column, n: int, parse: Callable, name: str) -> pa.Array:
-    if column is None or column.null_count == n:
-        return pa.nulls(n, pa.timestamp("us"))
-    try:
-        return pa.array([parse({name: v}) for v in column.to_pylist()], pa.timestamp("us"))
-    except formats.RowError:
-        raise _NeedsPrecise from None
-
-
-def _metadata(batch: pa.RecordBatch, known: set) -> pa.Array:
-    extra = [name for name in batch.schema.names if name not in known]
-    if not extra:
-        return pa.nulls(batch.num_rows, pa.string())
-    _require(not any(pa.types.is_nested(batch.schema.field(name).type) for name in extra))
-    rows = batch.select(extra).to_pylist()
-    return pa.array([formats.metadata(row, set()) for row in rows], pa.string())
+            raise NeedsPrecise from exc

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import annotation.ingest as ingest_mod
+from annotation import columnar
 from annotation.ids import prompt_id
 from annotation.ingest import IngestError, ingest_file, ingest_records
 
@@ -85,8 +85,8 @@ def test_columnar_and_precise_paths_write_the_same_store(tmp_path, monkeypatch):
     tables = []
     for force_precise in (False, True):
         if force_precise:
-            monkeypatch.setattr(ingest_mod, "_columnar", lambda *a: (_ for _ in ()).throw(
-                ingest_mod._NeedsPrecise()))
+            monkeypatch.setattr(columnar, "stage", lambda *a: (_ for _ in ()).throw(
+                columnar.NeedsPrecise()))
         with Store(tmp_path / f"{force_precise}.duckdb") as store:
             ingest_file(store, path, source_model="m1")
             q = "SELECT * EXCLUDE (batch_id) FROM judgments ORDER BY id"

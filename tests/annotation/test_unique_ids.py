@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 
 import annotation.ingest as ingest_mod
+from annotation import columnar
 from annotation.export import export
 from annotation.ids import response_id
 from annotation.ingest import ingest_file, ingest_records
@@ -35,8 +36,8 @@ def write_jsonl(path, rows):
 def test_prompts_and_responses_are_written_once_across_rows_and_batches(store, tmp_path, monkeypatch,
                                                                        precise):
     if precise:
-        monkeypatch.setattr(ingest_mod, "_columnar", lambda *a: (_ for _ in ()).throw(
-            ingest_mod._NeedsPrecise()))
+        monkeypatch.setattr(columnar, "stage", lambda *a: (_ for _ in ()).throw(
+            columnar.NeedsPrecise()))
     monkeypatch.setattr(ingest_mod, "BATCH_ROWS", 2)  # the precise path writes several chunks
     ingest_file(store, write_jsonl(tmp_path / "first.jsonl", FIRST))
     ingest_file(store, write_jsonl(tmp_path / "second.jsonl", SECOND))
