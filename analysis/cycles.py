@@ -30,8 +30,8 @@ import pandas as pd
 import pyarrow as pa
 from scipy import sparse, stats
 
-from analysis.agreement import FIRST, SECOND, TIE, Verdicts, verdict_items
 from analysis.bt_fit import bradley_terry_fit, choose_prior, item_log_loss, laplace_sd
+from analysis.verdicts import FIRST, SECOND, TIE, Verdicts, verdict_items
 
 N_WORST = 5
 MIN_VOTES_ASYMPTOTIC = 5  # mean votes per item before the χ² / optimism asymptotics are used

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from analysis import agreement
+from analysis import agreement, verdicts
 from tests.analysis.verdict_sources import hh_rlhf, mtbench, verdict_table
 
 
@@ -211,7 +211,7 @@ def test_orientation_does_not_change_any_statistic():
 ])
 def test_bad_tables_are_refused_with_the_fix(change, message):
     table = verdict_table([("p", "x", "y", "a", "human:1"), ("p", "y", "x", "b", "human:2")])
-    with pytest.raises(agreement.VerdictTableError, match=message):
+    with pytest.raises(verdicts.VerdictTableError, match=message):
         agreement.analyze(change(table))
 
 
