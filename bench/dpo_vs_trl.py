@@ -13,7 +13,10 @@ pairs, each cut into equal micro-batches by rm/po_train.py's token budget per fo
 (`dpo_micro_batches`: 2 at max length 256; the accumulated gradient is the whole batch's). A
 third, lean run takes the same batches as micro-batches of `--lean-micro-batch` pairs with
 accumulated gradients and gradient checkpointing (the same optimizer steps; activation memory
-follows the micro-batch and one layer): `dpo_lean_*`. TRL's DPOConfig turns gradient
+follows the micro-batch and one layer): `dpo_lean_*`. Two more children stop where training would
+begin (imports, model, tokenized data, reference log-probs cached; TRL's trainer built): their peaks
+(`*_floor_rss_mb`) split each peak into what the process holds anyway and what training adds
+(`*_train_rss_mb`). TRL's DPOConfig turns gradient
 checkpointing on by default; that is left as it is. Its `bf16=True` default is turned off: both
 sides train in fp32, the precision whose first losses are compared; on CPUs without native bf16
 (AVX2-only, as the development machine of 2026-12-02) TRL's bf16 autocast is emulated and about
@@ -54,10 +57,36 @@ cfg = DPOConfig(output_dir=a["out"], per_device_train_batch_size=a["batch"], max
                 max_length=a["max_length"], seed=0, logging_steps=1, save_strategy="no",
                 eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, bf16=False)
 trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
+if a.get("floor"):  # everything up to the first step: imports, model, tokenized dataset
+    sys.exit(print("{}"))
 out = trainer.train()
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
 print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_runtime"],
                   "first_loss": losses[0], "final_loss": losses[-1]}))
+'''
+
+
+# The state of `bradley train po` just before its first step, without training: what the CLI
+# imports, the snapshot's rows, the policy, the tokenized pairs and the (cached) reference log-probs.
+OUR_FLOOR_SCRIPT = r'''
+import json, sys
+import torch
+import service.cli
+from annotation.store import Store
+from rm import po_data
+from rm.po_train import load_causal_lm
+from rm.policy import reference_logps, weights_hash
+a = json.loads(sys.argv[1])
+torch.set_num_threads(a["threads"])
+with Store(a["db"]) as store:
+    pairs = store.pairs(a["snapshot_id"]).to_pylist()
+model, tok = load_causal_lm(a["model"])
+data = po_data.pair_data(pairs, tok, a["max_length"])
+with Store(a["db"]) as store:
+    _, computed = reference_logps(model, data.sequences, tok.pad_token_id, store=store,
+                                  model_hash=weights_hash(model),
+                                  template=po_data.template_hash(tok, a["max_length"]))
+print(json.dumps({"ref_computed": computed}))
 '''
 
 
@@ -112,6 +141,12 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
         shutil.rmtree(work / name, ignore_errors=True)
         out, rss = run_measured(train + shape + ["--out", str(work / name)], work, name, env)
         runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
+    (work / "our_floor.py").write_text(OUR_FLOOR_SCRIPT)
+    spec = {"db": str(db), "snapshot_id": runs["first"]["snapshot_id"], "model": str(folder),
+            "max_length": args.max_length, "threads": args.threads}
+    out, runs["floor_rss_mb"] = run_measured([sys.executable, str(work / "our_floor.py"),
+                                              json.dumps(spec)], work, "our_floor", env)
+    assert json.loads(out)["ref_computed"] == 0, "the floor probe must find the cache filled"
     return runs
 
 
@@ -129,7 +164,9 @@ def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
             "warmup_steps": int(args.warmup * args.steps),  # as rm/train.py rounds it
             "max_length": args.max_length, "threads": args.threads, "beta": args.beta}
     out, rss = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps(spec)], work, "trl_dpo")
-    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
+    _, floor = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps({**spec, "floor": True})],
+                            work, "trl_dpo_floor")
+    return {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss, "floor_rss_mb": floor}
 
 
 def run(args, work: Path, rows: list[dict]) -> dict:
@@ -163,6 +200,14 @@ def run(args, work: Path, rows: list[dict]) -> dict:
         "dpo_lean_cached_steps_per_s": round(lean_rate, 4),
         "dpo_lean_peak_rss_mb": round(lean["peak_rss_mb"], 1),
         "dpo_lean_peak_rss_ratio": round(lean["peak_rss_mb"] / trl["peak_rss_mb"], 3),
+        # what each process holds before its first step (imports, model, tokenized data), and what
+        # training adds on top: at 5M parameters the fixed part is most of either peak
+        "dpo_floor_rss_mb": round(ours["floor_rss_mb"], 1),
+        "trl_dpo_floor_rss_mb": round(trl["floor_rss_mb"], 1),
+        "dpo_floor_share_of_trl_peak": round(ours["floor_rss_mb"] / trl["peak_rss_mb"], 3),
+        "dpo_train_rss_mb": round(peak - ours["floor_rss_mb"], 1),
+        "dpo_lean_train_rss_mb": round(lean["peak_rss_mb"] - ours["floor_rss_mb"], 1),
+        "trl_dpo_train_rss_mb": round(trl["peak_rss_mb"] - trl["floor_rss_mb"], 1),
         "trl_dpo_gradient_checkpointing": True,  # DPOConfig's default in TRL 1.16
         "trl_dpo_bf16": False,  # both sides fp32 (module docstring)
         "dpo_first_loss": round(first["first_loss"], 6), "trl_dpo_first_loss": round(trl["first_loss"], 6),
