@@ -186,7 +186,7 @@ def _reference(args, model, tokenizer, data, device, info) -> dict:
             values, computed = reference_logps(
                 model, data.sequences, tokenizer.pad_token_id, store=store,
                 model_hash=weights_hash(model), template=template_hash(tokenizer, args.max_length),
-                max_tokens=max(4096, 2 * args.batch_size * args.max_length), device=device,
+                max_tokens=forward_tokens(args.batch_size, args.max_length, data.paired), device=device,
                 progress=True)
         ref = {"values": values, "computed": computed}
     ref = devices.broadcast_json(ref, info, device)
@@ -217,6 +217,17 @@ def micro_split(batch_size: int, max_length: int, paired: bool = True) -> int:
     if not paired or need <= 1:
         return 1
     return next(d for d in range(need, batch_size + 1) if batch_size % d == 0)
+
+
+def forward_tokens(batch_size: int, max_length: int, paired: bool = True) -> int:
+    """Padded tokens of one training forward at most: a micro-batch's rows (chosen and rejected, or
+    completion and KL row) × max_length. The reference pass takes batches of the same size, so it
+    never needs more memory than a training step (it keeps no activations) and is no slower for it.
+
+    >>> forward_tokens(8, 256), forward_tokens(1, 256), forward_tokens(8, 256, paired=False)
+    (2048, 512, 4096)
+    """
+    return 2 * batch_size // micro_split(batch_size, max_length, paired) * max_length
 
 
 def _train(args, plan, model, tokenizer, data, ref, device, info):

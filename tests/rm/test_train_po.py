@@ -168,6 +168,28 @@ def test_micro_batches_give_the_whole_batch_training(filled, tmp_path, monkeypat
     assert cut["steps"] == whole["steps"] == 6
 
 
+def test_reference_pass_forwards_fit_one_training_forward(filled, tmp_path, monkeypatch):
+    """The reference pass batches no more padded tokens than a training micro-batch holds, so a
+    run's peak memory is its training step's (it was 4096 tokens, whatever the micro-batch)."""
+    import torch
+
+    monkeypatch.setattr(po_train, "MICRO_BATCH_TOKENS", 2 * N_PAIRS * 96 // 4)
+    sizes = {True: [], False: []}  # (rows, padded tokens) per forward: reference pass or training
+    forward = policy.forward_logps
+
+    def recording(model, batch):
+        ids = batch["input_ids"]
+        sizes[torch.is_inference_mode_enabled()].append((ids.size(0), ids.numel()))
+        return forward(model, batch)
+
+    monkeypatch.setattr(policy, "forward_logps", recording)
+    run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
+    budget = po_train.forward_tokens(N_PAIRS, 96)
+    assert budget == 2 * (N_PAIRS // 4) * 96
+    assert sum(rows for rows, _ in sizes[True]) == 2 * N_PAIRS  # each sequence once
+    assert max(n for _, n in sizes[True] + sizes[False]) <= budget
+
+
 def test_gradient_checkpointing_trains_the_same_and_is_recorded(filled, tmp_path, monkeypatch):
     """Recomputing layer activations in the backward pass changes memory, not the arithmetic."""
     plain = run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
