@@ -58,7 +58,8 @@ cfg = DPOConfig(output_dir=a["out"], per_device_train_batch_size=a["batch"], max
                 eval_strategy="no", report_to=[], use_cpu=True, disable_tqdm=True, bf16=False)
 trainer = DPOTrainer(model=model, args=cfg, train_dataset=Dataset.from_list(rows), processing_class=tok)
 if a.get("floor"):  # everything up to the first step: imports, model, tokenized dataset
-    sys.exit(print("{}"))
+    print("{}")
+    sys.exit()
 out = trainer.train()
 losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
 print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_runtime"],
@@ -66,27 +67,22 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 '''
 
 
-# The state of `bradley train po` just before its first step, without training: what the CLI
-# imports, the snapshot's rows, the policy, the tokenized pairs and the (cached) reference log-probs.
+# `bradley train po` up to its first step, through its own stages (rm/po_train.py): the snapshot's
+# rows, the policy, the tokenized pairs and the reference log-probs (cached by the measured runs).
 OUR_FLOOR_SCRIPT = r'''
 import json, sys
 import torch
-import service.cli
 from annotation.store import Store
-from rm import po_data
-from rm.po_train import load_causal_lm
-from rm.policy import reference_logps, weights_hash
-a = json.loads(sys.argv[1])
-torch.set_num_threads(a["threads"])
-with Store(a["db"]) as store:
-    pairs = store.pairs(a["snapshot_id"]).to_pylist()
-model, tok = load_causal_lm(a["model"])
-data = po_data.pair_data(pairs, tok, a["max_length"])
-with Store(a["db"]) as store:
-    _, computed = reference_logps(model, data.sequences, tok.pad_token_id, store=store,
-                                  model_hash=weights_hash(model),
-                                  template=po_data.template_hash(tok, a["max_length"]))
-print(json.dumps({"ref_computed": computed}))
+from rm import device as devices, po_train
+from service.cli import build_parser
+args = build_parser().parse_args(sys.argv[1:])
+device, info = torch.device("cpu"), devices.Dist()
+devices.set_threads(device, info)
+with Store(args.db) as store:
+    plan = {"pairs": store.pairs(args.snapshot).to_pylist(), "feedback": []}
+model, tokenizer, data = po_train._prepare(args, plan, device, info)
+po_train._reference(args, model, tokenizer, data, device, info)
+print(json.dumps(data.stats))
 '''
 
 
@@ -142,10 +138,9 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
         out, rss = run_measured(train + shape + ["--out", str(work / name)], work, name, env)
         runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
     (work / "our_floor.py").write_text(OUR_FLOOR_SCRIPT)
-    spec = {"db": str(db), "snapshot_id": runs["first"]["snapshot_id"], "model": str(folder),
-            "max_length": args.max_length, "threads": args.threads}
-    out, runs["floor_rss_mb"] = run_measured([sys.executable, str(work / "our_floor.py"),
-                                              json.dumps(spec)], work, "our_floor", env)
+    floor = [sys.executable, str(work / "our_floor.py"), *train[3:], *whole,
+             "--snapshot", runs["first"]["snapshot_id"]]  # train[3:]: the CLI's arguments
+    out, runs["floor_rss_mb"] = run_measured(floor, work, "our_floor", env)
     assert json.loads(out)["ref_computed"] == 0, "the floor probe must find the cache filled"
     return runs
 
