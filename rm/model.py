@@ -21,6 +21,7 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -155,6 +156,27 @@ class RewardModel:
         return save_model(devices.unwrap(self.net).hf, self.tokenizer, out_dir, train_config, metrics)
 
 
+def import_modeling() -> None:
+    """Import transformers' modeling code, once per process, with scipy hidden from it.
+
+    Where scipy is installed (bradley's analysis needs it), transformers' modeling import loads
+    scipy.optimize for the Hungarian matching of its object-detection losses: 33 MB resident in
+    every training and scoring process, for code no reward model or policy runs. Our own later
+    scipy imports are unaffected; transformers reports scipy missing for the rest of the process
+    (its check is cached). A no-op when either is already imported.
+    """
+    if "transformers.modeling_utils" in sys.modules or "scipy" in sys.modules:
+        return
+    sys.modules["scipy"] = None  # importlib.util.find_spec now reports it absent
+    try:
+        import transformers.modeling_utils  # noqa: F401
+    except ImportError:  # a transformers that needs scipy after all: import it the plain way
+        pass
+    finally:
+        del sys.modules["scipy"]
+    import transformers.modeling_utils  # noqa: F401, F811
+
+
 def _ensure_pad(hf_model, tokenizer) -> None:
     """Decoders often ship without a pad token: pad with eos (safe, the mask decides what is real)."""
     if tokenizer.pad_token_id is None:
@@ -166,6 +188,7 @@ def _ensure_pad(hf_model, tokenizer) -> None:
 
 def load_backbone(name_or_path: str):
     """(AutoModelForSequenceClassification with num_labels=1, tokenizer); safetensors only."""
+    import_modeling()
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging
 
@@ -268,6 +291,7 @@ def build_tiny_reward_model(out_dir, texts: list[str], hidden: int = 64, layers:
                             chat_template: bool = True) -> Path:
     """A small AutoModelForSequenceClassification(num_labels=1) from a config, random weights, with a
     byte-level BPE trained on `texts`, saved with save_pretrained (safetensors) into `out_dir`."""
+    import_modeling()
     from transformers import AutoModelForSequenceClassification
 
     tokenizer = _tiny_tokenizer(texts, vocab_size, arch, pad_equals_eos, chat_template)
@@ -284,6 +308,7 @@ def build_tiny_causal_lm(out_dir, texts: list[str], hidden: int = 64, layers: in
                          vocab_size: int = 512, padding_side: str = "right", seed: int = 0,
                          arch: str = "llama", pad_equals_eos: bool = False) -> Path:
     """The same tiny recipe as a causal LM (LlamaForCausalLM by default), for policy training."""
+    import_modeling()
     from transformers import AutoModelForCausalLM
 
     if arch == "bert":

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from rm import device as devices
+from rm.model import import_modeling
 from rm.po_data import PolicyDataError, template_hash
 from rm.policy import PoConfig, po_objective, reference_logps, weights_hash
 from rm.train import new_model_folder, run_planned
@@ -88,6 +89,7 @@ class StepLog:
 
 def load_causal_lm(name_or_path: str):
     """(AutoModelForCausalLM, tokenizer) from a folder or hub id; safetensors only, pad = eos if unset."""
+    import_modeling()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:

@@ -1,6 +1,8 @@
 """Reward-model scoring: last real token for every padding, batch independence, round trips."""
 
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -142,3 +144,16 @@ def test_tiny_causal_lm_builds_and_reloads(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True)
     logits = model(torch.tensor([[1, 5, 9]])).logits
     assert logits.shape[:2] == (1, 3) and logits.shape[-1] == model.config.vocab_size
+
+
+@pytest.mark.parametrize("loader", ["rm.po_train:load_causal_lm", "rm.model:load_backbone"])
+def test_loading_a_model_leaves_scipy_out_of_the_process(tmp_path, loader):
+    """transformers' modeling import would bring scipy.optimize (33 MB resident) into every
+    training and scoring process (rm/model.py: import_modeling); our own scipy imports still work."""
+    folder = build_tiny_causal_lm(tmp_path / "lm", TEXTS)
+    module, name = loader.split(":")
+    code = (f"import sys; from {module} import {name}; {name}({str(folder)!r}); "
+            "print('scipy' in sys.modules); import scipy.stats; print(scipy.stats.norm.cdf(0.0))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "0.5"]
