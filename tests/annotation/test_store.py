@@ -108,3 +108,14 @@ def test_reopen_keeps_data(tmp_path):
     with Store(path, read_only=True) as store:
         assert store.counts()["judgments"] == 1
         assert store.schema_version() == SCHEMA_VERSION
+
+
+def test_ref_logps_round_trip_keeps_the_first_value_per_key(store):
+    store.put_ref_logps("m", "t", [("r1", -2.302585, 3), ("r2", -0.5, 1)])
+    store.put_ref_logps("m", "t", [("r1", -9.0, 9), ("r3", -1.25, 2)])  # r1 again: ignored
+    store.put_ref_logps("other-model", "t", [("r1", -7.0, 4)])
+    store.put_ref_logps("m", "t", [])
+    assert store.ref_logps("m", "t", ["r1", "r2", "r3", "r4"]) == {
+        "r1": (-2.302585, 3), "r2": (-0.5, 1), "r3": (-1.25, 2)}
+    assert store.ref_logps("other-model", "t", ["r1", "r2"]) == {"r1": (-7.0, 4)}
+    assert store.ref_logps("m", "other-template", ["r1"]) == {}
