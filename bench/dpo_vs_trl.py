@@ -6,21 +6,21 @@ same 256 synthetic pairs, batch 8, max length 256, the same optimizer steps, lea
 + cosine schedule and clipping, CPU, 2 threads. Each side runs as its own process, so its peak RSS
 (VmHWM, bench/peak_rss.py) is its own.
 
-Ours runs end to end through the CLI on a fresh store: the first run includes the one-time
-reference pass in its time (`dpo_steps_per_s`); a second run on the same store finds every
-reference log-prob cached (`dpo_cached_steps_per_s`). Both take optimizer steps over batches of 8
-pairs, each cut into equal micro-batches by rm/po_train.py's token budget per forward
-(`dpo_micro_batches`: 2 at max length 256; the accumulated gradient is the whole batch's). A
-third, lean run takes the same batches as micro-batches of `--lean-micro-batch` pairs with
-accumulated gradients and gradient checkpointing (the same optimizer steps; activation memory
-follows the micro-batch and one layer): `dpo_lean_*`. Two more children stop where training would
-begin (imports, model, tokenized data, reference log-probs cached; TRL's trainer built): their peaks
-(`*_floor_rss_mb`) split each peak into what the process holds anyway and what training adds
-(`*_train_rss_mb`). TRL's DPOConfig turns gradient
-checkpointing on by default; that is left as it is. Its `bf16=True` default is turned off: both
-sides train in fp32, the precision whose first losses are compared; on CPUs without native bf16
-(AVX2-only, as the development machine of 2026-12-02) TRL's bf16 autocast is emulated and about
-60x slower, which would measure the CPU, not the trainer.
+Ours runs end to end through the CLI on a fresh store, each optimizer step over a batch of 8 pairs
+taken as micro-batches of `--micro-batch` pairs (default 1: `--batch-size 1 --grad-accum 8`) with
+accumulated gradients: the same optimizer steps as TRL's, with the activations of one pair at a
+time. The first run includes the one-time reference pass in its time (`dpo_steps_per_s`); a second
+run on the same store finds every reference log-prob cached (`dpo_cached_steps_per_s`). Both give
+`dpo_peak_rss_mb`. A third run takes the CLI's defaults (`--batch-size 8`, cut by rm/po_train.py's
+token budget per forward into `dpo_default_micro_batches` micro-batches of 4 pairs): `dpo_default_*`,
+faster and larger. One more child per side stops where training would begin (imports, model,
+tokenized data, reference log-probs cached; TRL's trainer built): their peaks (`*_floor_rss_mb`)
+split each peak into what the process holds anyway and what training adds (`*_train_rss_mb`).
+TRL's DPOConfig turns gradient checkpointing on by default; that is left as it is. Its `bf16=True`
+default is turned off: both sides train in fp32, the precision whose first losses are compared; on
+CPUs without native bf16 (AVX2-only, as the development machine of 2026-12-02) TRL's bf16 autocast
+is emulated and about 60x slower, which would measure the CPU, not the trainer. The transformers
+import in our process leaves scipy out (rm/model.py: import_modeling); TRL's venv has no scipy.
 
 Run: `nice -n 10 .venv/bin/python bench/dpo_vs_trl.py` (TRL's venv is created on first use).
 """
@@ -127,18 +127,16 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
                        str(args.steps), "--max-length", str(args.max_length), "--lr", str(args.lr),
                        "--warmup-ratio", str(args.warmup), "--val-fraction", "0", "--beta", str(args.beta)]
     env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
-    whole = ["--batch-size", str(args.batch)]
-    # the same batches of 8 pairs as micro-batches of --lean-micro-batch pairs with accumulated
-    # gradients and layer activations recomputed: the same optimizer steps, least activation memory
-    lean = ["--batch-size", str(args.lean_micro_batch),
-            "--grad-accum", str(args.batch // args.lean_micro_batch), "--gradient-checkpointing"]
+    # batches of 8 pairs as micro-batches of --micro-batch pairs with accumulated gradients: the
+    # same optimizer steps, the activations of one micro-batch at a time
+    micro = ["--batch-size", str(args.micro_batch), "--grad-accum", str(args.batch // args.micro_batch)]
     runs = {}
-    for name, shape in (("first", whole), ("cached", whole), ("lean_cached", lean)):
+    for name, shape in (("first", micro), ("cached", micro), ("default_cached", ["--batch-size", str(args.batch)])):
         shutil.rmtree(work / name, ignore_errors=True)
         out, rss = run_measured(train + shape + ["--out", str(work / name)], work, name, env)
         runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
     (work / "our_floor.py").write_text(OUR_FLOOR_SCRIPT)
-    floor = [sys.executable, str(work / "our_floor.py"), *train[3:], *whole,
+    floor = [sys.executable, str(work / "our_floor.py"), *train[3:], *micro,
              "--snapshot", runs["first"]["snapshot_id"]]  # train[3:]: the CLI's arguments
     out, runs["floor_rss_mb"] = run_measured(floor, work, "our_floor", env)
     assert json.loads(out)["ref_computed"] == 0, "the floor probe must find the cache filled"
@@ -173,36 +171,36 @@ def run(args, work: Path, rows: list[dict]) -> dict:
     n_params = build_policy(rows, folder)
     trl = run_trl(args, work, folder, rows)
     ours = run_ours(args, work, folder, rows)
-    first, cached, lean = ours["first"], ours["cached"], ours["lean_cached"]
-    rate = first["steps"] / (first["ref_seconds"] + first["train_seconds"])
-    cached_rate = cached["steps"] / (cached["ref_seconds"] + cached["train_seconds"])
-    lean_rate = lean["steps"] / (lean["ref_seconds"] + lean["train_seconds"])
+    first, cached, default = ours["first"], ours["cached"], ours["default_cached"]
+    rate, cached_rate, default_rate = (r["steps"] / (r["ref_seconds"] + r["train_seconds"])
+                                       for r in (first, cached, default))
     trl_rate = trl["steps"] / trl["train_runtime"]
+    trl_peak = trl["peak_rss_mb"]
     peak = max(first["peak_rss_mb"], cached["peak_rss_mb"])
     return {
-        "dpo_n_params": n_params, "dpo_steps": args.steps,
-        "dpo_micro_batches": micro_split(args.batch, args.max_length),
+        "dpo_n_params": n_params, "dpo_steps": args.steps, "dpo_micro_batch": args.micro_batch,
         "dpo_steps_per_s": round(rate, 4), "dpo_cached_steps_per_s": round(cached_rate, 4),
         "trl_dpo_steps_per_s": round(trl_rate, 4),
         "dpo_speedup_vs_trl": round(rate / trl_rate, 3),
         "dpo_cached_speedup_vs_trl": round(cached_rate / trl_rate, 3),
         "dpo_ref_seconds": first["ref_seconds"], "dpo_ref_computed": first["ref_computed"],
         "dpo_cached_ref_computed": cached["ref_computed"],
-        "dpo_peak_rss_mb": round(peak, 1), "trl_dpo_peak_rss_mb": round(trl["peak_rss_mb"], 1),
-        "dpo_peak_rss_ratio": round(peak / trl["peak_rss_mb"], 3),
-        # the lean run: micro-batches with accumulation and checkpointing, reference log-probs cached
-        "dpo_lean_micro_batch": args.lean_micro_batch,
-        "dpo_lean_cached_steps_per_s": round(lean_rate, 4),
-        "dpo_lean_peak_rss_mb": round(lean["peak_rss_mb"], 1),
-        "dpo_lean_peak_rss_ratio": round(lean["peak_rss_mb"] / trl["peak_rss_mb"], 3),
+        "dpo_peak_rss_mb": round(peak, 1), "trl_dpo_peak_rss_mb": round(trl_peak, 1),
+        "dpo_peak_rss_ratio": round(peak / trl_peak, 3),
+        # the CLI's defaults: micro-batches of 4 pairs, reference log-probs cached
+        "dpo_default_micro_batches": micro_split(args.batch, args.max_length),
+        "dpo_default_cached_steps_per_s": round(default_rate, 4),
+        "dpo_default_cached_speedup_vs_trl": round(default_rate / trl_rate, 3),
+        "dpo_default_peak_rss_mb": round(default["peak_rss_mb"], 1),
+        "dpo_default_peak_rss_ratio": round(default["peak_rss_mb"] / trl_peak, 3),
         # what each process holds before its first step (imports, model, tokenized data), and what
         # training adds on top: at 5M parameters the fixed part is most of either peak
         "dpo_floor_rss_mb": round(ours["floor_rss_mb"], 1),
         "trl_dpo_floor_rss_mb": round(trl["floor_rss_mb"], 1),
-        "dpo_floor_share_of_trl_peak": round(ours["floor_rss_mb"] / trl["peak_rss_mb"], 3),
+        "dpo_floor_share_of_trl_peak": round(ours["floor_rss_mb"] / trl_peak, 3),
         "dpo_train_rss_mb": round(peak - ours["floor_rss_mb"], 1),
-        "dpo_lean_train_rss_mb": round(lean["peak_rss_mb"] - ours["floor_rss_mb"], 1),
-        "trl_dpo_train_rss_mb": round(trl["peak_rss_mb"] - trl["floor_rss_mb"], 1),
+        "dpo_default_train_rss_mb": round(default["peak_rss_mb"] - ours["floor_rss_mb"], 1),
+        "trl_dpo_train_rss_mb": round(trl_peak - trl["floor_rss_mb"], 1),
         "trl_dpo_gradient_checkpointing": True,  # DPOConfig's default in TRL 1.16
         "trl_dpo_bf16": False,  # both sides fp32 (module docstring)
         "dpo_first_loss": round(first["first_loss"], 6), "trl_dpo_first_loss": round(trl["first_loss"], 6),
@@ -226,7 +224,7 @@ def main() -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kind, default in (("--steps", int, 32), ("--batch", int, 8), ("--max-length", int, 256),
                                 ("--lr", float, 1e-3), ("--warmup", float, 0.1), ("--threads", int, 2),
-                                ("--beta", float, 0.1), ("--lean-micro-batch", int, 1)):
+                                ("--beta", float, 0.1), ("--micro-batch", int, 1)):
         if not any(flag in a.option_strings for a in parser._actions):
             parser.add_argument(flag, type=kind, default=default)
 

@@ -159,7 +159,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=0.1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--skip-dpo", action="store_true", help="only the reward-model half")
-    dpo_vs_trl.add_arguments(parser)  # the DPO half (bench/dpo_vs_trl.py): --beta, --lean-micro-batch
+    dpo_vs_trl.add_arguments(parser)  # the DPO half (bench/dpo_vs_trl.py): --beta, --micro-batch
     args = parser.parse_args()
     import torch
 
