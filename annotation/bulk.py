@@ -61,8 +61,9 @@ def insert(cur, kind: str, staged: pa.Table, batch_id: str) -> None:
     for statement in _STAGE_INSERTS[kind]:
         cur.execute(statement, [batch_id] if "$1" in statement else [])
 
+
 def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
-                         complete: Callable[[pa.Table], tuple[pa.Table, str]]) -> None:
+                  complete: Callable[[pa.Table], tuple[pa.Table, str]]) -> None:
     """insert() for a whole stream of chunks as one INSERT per table (annotation.spool says
     why). The chunks' responses stream in first; then `complete(rest)` gives the rest of the
     rows with their judgment ids, and the batch id. An exception raised by `chunks` is re-raised
@@ -83,6 +84,7 @@ def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
                 cur.execute(statement, [batch_id] if "$1" in statement else [])
         del _bradley_stage  # unmap the spooled file before its folder goes
 
+
 def drop_earlier_ids(cur, batch_id: str, prompt_ids: Sequence[str], own_ids: bool) -> None:
     """Inside the batch's transaction, after its rows: drop the rows it wrote again whose id was in
     the store before it. A batch writes each prompt id once, so a prompt id seen twice was there
@@ -93,6 +95,7 @@ def drop_earlier_ids(cur, batch_id: str, prompt_ids: Sequence[str], own_ids: boo
         _delete_later_copies(cur, "responses", again)
     if own_ids:
         cur.execute(_DEDUP["judgments"], [batch_id])
+
 
 def _delete_later_copies(cur, table: str, ids: Sequence[str]) -> list[str]:
     cur.register("_bradley_ids", pa.table({"id": pa.array(ids, pa.string())}))

@@ -170,11 +170,10 @@ def import_modeling() -> None:
     sys.modules["scipy"] = None  # importlib.util.find_spec now reports it absent
     try:
         import transformers.modeling_utils  # noqa: F401
-    except ImportError:  # a transformers that needs scipy after all: import it the plain way
+    except ImportError:  # a transformers that needs scipy after all: the caller's import loads both
         pass
     finally:
         del sys.modules["scipy"]
-    import transformers.modeling_utils  # noqa: F401, F811
 
 
 def _ensure_pad(hf_model, tokenizer) -> None:

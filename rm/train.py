@@ -2,9 +2,9 @@
 dispatch: `rm` → rm/rm_train.py, `po` → rm/policy.py.
 
 The loop: AdamW, linear warmup then cosine decay, gradient accumulation, optional gradient
-checkpointing, gradient clipping,
-evaluation every N optimizer steps, early stopping on validation loss, a checkpoint of the best
-model, a progress bar on stderr, and DDP when launched by `torchrun` (rm/device.py).
+checkpointing, gradient clipping, evaluation every N optimizer steps, early stopping on validation
+loss, a checkpoint of the best model, a progress bar on stderr, and DDP when launched by `torchrun`
+(rm/device.py).
 
 Plugging in an objective (the hook): `objective(model, batch) -> (loss, metrics)` where `batch` is
 what `collate(item)` returned, already moved to the device, `loss` a scalar tensor (the batch mean)
@@ -35,6 +35,7 @@ from rm import device as devices
 
 VAL_FRACTION = 0.1
 EVALS_PER_RUN = 5
+FUSED_ADAMW = ("cpu", "cuda")  # devices with torch's fused AdamW kernel (torch >= 2.4)
 
 
 @dataclass
@@ -173,9 +174,6 @@ def _micro_steps(train_batches, total: int, accum: int):
             needed -= 1
             yield epoch, item, needed % accum == 0
         epoch += 1
-
-
-FUSED_ADAMW = ("cpu", "cuda")  # devices with torch's fused AdamW kernel (torch >= 2.4)
 
 
 def train_loop(model: torch.nn.Module, objective: Callable, train_batches, val_batches: Sequence,
