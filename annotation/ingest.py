@@ -33,12 +33,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from annotation import bulk, columnar, formats
+from annotation import bulk, columnar, formats, spool
 from annotation.columnar import NeedsPrecise
 from annotation.ids import canonical_json, fill_judgment_ids, with_ids
 from annotation.readers import (
     BATCH_ROWS,
     Part,
+    ReadError,
     Record,
     finished,
     open_parts,
@@ -82,6 +83,8 @@ class IngestResult:
     def summary(self) -> str:
         if self.duplicate:
             return f"{self.source}: already ingested as batch {self.batch_id} (same sha256); nothing to do"
+        if self.failed and not self.rows_in:  # the file itself could not be read
+            return f"{self.source}: nothing written"
         head = f"{self.source}: {self.rows_in:,} row{'s' if self.rows_in != 1 else ''}: "
         if self.failed:
             return head + f"{len(self.errors):,} bad; nothing written"
@@ -105,9 +108,19 @@ def ingest_file(store, path, fmt: str = "auto", on_error: str = "abort", progres
                              "or hf:SPEC for datasets.load_dataset")
         fmt = "auto"
     _check_options(fmt, on_error)
-    parts = open_parts(str(path))
+    try:
+        parts = open_parts(str(path))
+    except ReadError as exc:
+        raise _unreadable(str(path), exc) from None
     return _ingest(store, str(path), sha256_in_background(str(path)), parts,
                    _Options(fmt, on_error, progress, source_model))
+
+
+def _unreadable(source: str, exc: ReadError) -> IngestError:
+    """A source that cannot be read to its end writes nothing, whatever on_error says."""
+    message = str(exc) if str(exc).startswith(source) else f"{source}: {exc}"
+    return IngestError([message], "file", IngestResult(source, None, 0, 0, 0, errors=[message],
+                                                       failed=True))
 
 
 def ingest_records(store, records: list[dict], fmt: str = "auto", source: str = "http",
@@ -149,7 +162,9 @@ class _Options:
 
 def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) -> IngestResult:
     """The columnar path starts before the source's sha256 is known (it is hashed in a thread beside
-    the parse) and stops as soon as the sha256 shows a batch that is in the store already."""
+    the parse) and stops as soon as the sha256 shows a batch that is in the store already. Spool
+    folders that killed ingests of this store left behind are removed first."""
+    spool.sweep(spool.spool_root(store.path))
     try:
         if sha.done():
             _check_new(store, sha.result())
@@ -159,6 +174,8 @@ def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) 
         except NeedsPrecise:
             _check_new(store, sha.result())
             return _write(store, source, sha, lambda w: _precise_pass(w, parts), opts)
+    except ReadError as exc:
+        raise _unreadable(source, exc) from None
     except _Duplicate:
         found = store.find_batch(sha.result())
         return IngestResult(source, found.id, found.rows_in, 0, 0, duplicate=True)
@@ -212,7 +229,7 @@ class _Writer:
         def complete(rest: pa.Table) -> tuple[pa.Table, str]:
             return fill_judgment_ids(rest, self.sha.result()), self.batch().id
 
-        bulk.insert_stream(self.cur, kind, counted(), complete)
+        bulk.insert_stream(self.cur, kind, counted(), complete, spool.spool_root(self.store.path))
 
     def batch(self):
         """The batch row, begun when first needed: the source's sha256 is known then (a file's is
@@ -332,5 +349,5 @@ def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                     raise _Duplicate
                 yield with_ids("judgments", columnar.stage(batch, fmt, offset, opts.source_model), None)
                 offset += batch.num_rows
-        except (pa.ArrowException, NotImplementedError) as exc:
-            raise NeedsPrecise from exc
+        except (pa.ArrowException, NotImplementedError, OSError, UnicodeDecodeError, EOFError) as exc:
+            raise NeedsPrecise from exc  # the precise path names the row, or the file, that is wrong
