@@ -74,6 +74,7 @@ class IngestResult:
     duplicate: bool = False
     errors: list[str] = field(default_factory=list)
     failed: bool = False
+    self_comparisons: int = 0  # judgments with the same text on both sides (stored; pairs skip them)
 
     @property
     def rows_existing(self) -> int:
@@ -91,6 +92,9 @@ class IngestResult:
         text = head + f"{self.rows_ok:,} ok, {self.rows_rejected:,} rejected"
         if self.rows_existing:
             text += f", {self.rows_existing:,} already in the store"
+        if self.self_comparisons:
+            text += (f"; {self.self_comparisons:,} compare a response with itself (kept, but pairs, "
+                     "training and the report leave them out)")
         return text + (f" (see rejects, batch {self.batch_id})" if self.rows_rejected else "")
 
 
@@ -202,7 +206,7 @@ def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> I
         bulk.drop_earlier_ids(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
         info = store.finish_batch(cur, info, writer.rows_in)
     return IngestResult(source, info.id, info.rows_in, info.rows_ok, info.rows_rejected,
-                        errors=writer.errors)
+                        errors=writer.errors, self_comparisons=store.self_comparisons(batch_id=info.id))
 
 
 class _Writer:
