@@ -36,6 +36,7 @@ import pyarrow as pa
 from annotation import bulk, columnar, formats, spool
 from annotation.columnar import NeedsPrecise
 from annotation.ids import canonical_json, fill_judgment_ids, with_ids
+from annotation.read_errors import SURROGATE_PROBLEM, encodes, surrogate_field
 from annotation.readers import (
     BATCH_ROWS,
     Part,
@@ -133,7 +134,8 @@ def ingest_records(store, records: list[dict], fmt: str = "auto", source: str = 
     _check_options(fmt, on_error)
     if not isinstance(records, list):
         raise IngestError([f"{source}: body: expected a list of rows"], "body")
-    sha = hashlib.sha256(canonical_json(records).encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate must reach its row's check, not fail the hash of the body
+    sha = hashlib.sha256(canonical_json(records).encode("utf-8", "surrogatepass")).hexdigest()
     rows = [_record(i, value) for i, value in enumerate(records, 1)]
     part = Part(source, _no_batches, lambda: iter(rows))
     return _ingest(store, source, finished(sha), [part], _Options(fmt, on_error, False, None))
@@ -148,7 +150,11 @@ def _check_options(fmt: str, on_error: str) -> None:
 
 def _record(row: int, value) -> Record:
     if isinstance(value, dict):
-        return Record(row, row, value, canonical_json(value))
+        raw = canonical_json(value)
+        if not encodes(raw):  # JSON bodies may carry "\ud800"; no text column can store it
+            return Record(row, row, None, raw.encode("utf-8", "replace").decode(),
+                          f"{surrogate_field(value)}: {SURROGATE_PROBLEM}")
+        return Record(row, row, value, raw)
     return Record(row, row, None, str(value)[:10_000], f"row: expected an object, got {type(value).__name__}")
 
 

@@ -143,3 +143,15 @@ def test_unreadable_file_writes_nothing_even_when_skipping(store, tmp_path):
     with pytest.raises(IngestError) as info:
         ingest_file(store, bad, on_error="skip")
     assert info.value.field == "file" and store.counts()["judgments"] == 0
+
+
+def test_upload_with_a_lone_surrogate_is_a_bad_row_not_a_crash(store):
+    """An HTTP body parsed by Python's json holds "\\ud800" as a lone surrogate: it used to fail the
+    body's sha256 (UnicodeEncodeError, a 500) before any row was checked."""
+    items = rows()
+    items[1] = {**items[1], "response_b": "half \ud800"}
+    with pytest.raises(IngestError) as info:
+        ingest_records(store, items)
+    assert info.value.errors[0].startswith("http:2: response_b: holds a lone surrogate")
+    result = ingest_records(store, items, on_error="skip")
+    assert (result.rows_ok, result.rows_rejected) == (3, 1)
