@@ -50,7 +50,9 @@ except ImportError:  # not POSIX: a folder's owner is then judged by its PID alo
 
 LOCK_NAME = "owner.lock"
 FOLDER_PREFIX = "ingest-"
-YOUNG_SECONDS = 60  # a folder this new may be between mkdir and flock: leave it to its owner
+CLAIM_PREFIX = "claim-"  # a folder being set up, not yet locked
+YOUNG_SECONDS = 60  # a claim this new may still be setting up: leave it to its owner
+SHARED_ROOT = "bradley-spool"  # the temp dir's root for in-memory stores, shared between processes
 
 RESPONSE_SCHEMA = pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("text", pa.string()),
                              ("source_model", pa.string())])
@@ -122,26 +124,33 @@ def spool_root(store_path: str) -> Path:
     ('/data/bradley.duckdb.spool', 'bradley-spool')
     """
     if not store_path or store_path.startswith(":memory:"):
-        return Path(tempfile.gettempdir()) / "bradley-spool"
+        return Path(tempfile.gettempdir()) / SHARED_ROOT
     return Path(store_path + ".spool")
 
 
 @contextlib.contextmanager
 def spool_folder(root: Path) -> Iterator[str]:
     """A fresh folder under `root`, locked by this process while the block runs, then removed
-    (with `root`, when nothing else is left in it). What dead ingests left is swept first."""
+    (with a store's `root` when nothing else is left in it). What dead ingests left is swept first.
+
+    The folder is made as `claim-…`, locked, then renamed `ingest-…`: every `ingest-` folder is
+    locked from the moment it has that name, so a sweep in another process (in-memory stores share
+    the temp dir's root) never takes one between its creation and its lock."""
     sweep(root)
     root.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=root))
-    with open(folder / LOCK_NAME, "w") as lock:
+    claim = Path(tempfile.mkdtemp(prefix=f"{CLAIM_PREFIX}{os.getpid()}-", dir=root))
+    with open(claim / LOCK_NAME, "w") as lock:
         if fcntl is not None:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else holds it
+        folder = claim.with_name(FOLDER_PREFIX + claim.name[len(CLAIM_PREFIX):])
+        claim.rename(folder)  # the lock belongs to the open file, which follows the rename
         try:
             yield str(folder)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        root.rmdir()  # only when empty
+    if root.name != SHARED_ROOT:
+        with contextlib.suppress(OSError):
+            root.rmdir()  # only when empty
 
 
 def sweep(root: Path) -> list[str]:
@@ -149,25 +158,28 @@ def sweep(root: Path) -> list[str]:
     if not root.is_dir():
         return []
     removed = []
-    for folder in root.glob(FOLDER_PREFIX + "*"):
+    for folder in [*root.glob(FOLDER_PREFIX + "*"), *root.glob(CLAIM_PREFIX + "*")]:
         if folder.is_dir() and not _owner_alive(folder):
             shutil.rmtree(folder, ignore_errors=True)
             removed.append(str(folder))
-    with contextlib.suppress(OSError):
-        root.rmdir()
+    if root.name != SHARED_ROOT:  # another process may be about to make a folder in the shared one
+        with contextlib.suppress(OSError):
+            root.rmdir()
     return removed
 
 
 def _owner_alive(folder: Path) -> bool:
     """Whether the process that made `folder` still runs: it holds the folder's lock (a flock
-    survives PID reuse, unlike a PID check)."""
-    try:
-        lock = open(folder / LOCK_NAME, "a")
-    except OSError:  # no lock file yet: being created, or left by a kill right after mkdir
+    survives PID reuse, unlike a PID check). A `claim-` folder is being set up: alive while young."""
+    if folder.name.startswith(CLAIM_PREFIX):
         try:
             return time.time() - folder.stat().st_mtime < YOUNG_SECONDS
-        except OSError:  # gone already
+        except OSError:  # gone already (renamed or removed)
             return True
+    try:
+        lock = open(folder / LOCK_NAME, "a")
+    except OSError:  # removed under us: nothing to do
+        return True
     with lock:
         if fcntl is None:
             return _pid_alive(folder.name[len(FOLDER_PREFIX):].split("-")[0])

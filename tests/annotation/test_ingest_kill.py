@@ -103,3 +103,35 @@ def test_kill_9_at_random_points_leaves_no_partial_batch_and_no_spool(tmp_path):
         sizes = batches_complete(store)
         expected = 10 + 3 * RUNS + ROWS * sum(str(p) in sizes for p in files)
         assert store.counts()["judgments"] == expected
+
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from annotation.spool import spool_folder
+    with spool_folder(Path(sys.argv[1])) as folder:
+        print(folder, flush=True)
+        time.sleep(60)
+""")
+
+
+def test_sweep_removes_only_what_dead_ingests_left(tmp_path):
+    root = spool.spool_root(str(tmp_path / "s.duckdb"))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(root)], cwd=ROOT, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        live = holder.stdout.readline().strip()
+        dead = root / "ingest-999999-gone"  # a lock file nobody holds: its process died
+        dead.mkdir()
+        (dead / spool.LOCK_NAME).touch()
+        old_claim, young_claim = root / "claim-1-old", root / "claim-2-young"
+        old_claim.mkdir()
+        young_claim.mkdir()
+        hour_ago = time.time() - 3600
+        os.utime(old_claim, (hour_ago, hour_ago))
+        assert sorted(spool.sweep(root)) == sorted([str(dead), str(old_claim)])
+        assert Path(live).is_dir() and young_claim.is_dir()  # a live lock; a claim being set up
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
+    assert spool.sweep(root) == [live]
