@@ -55,8 +55,8 @@ def rows_file(path: Path, run: int, n: int) -> Path:
 
 def leftovers(db: Path, tmp: Path) -> list[str]:
     """Spool folders of `db` and bradley spools in the temp dir (where they used to go)."""
-    found = [str(p) for p in spool.spool_root(str(db)).glob("*")] if spool.spool_root(str(db)).exists() else []
-    return found + [str(p) for p in tmp.glob("bradley-*")]
+    beside = Path(f"{db}.spool")  # spool.spool_root, spelled out so that this runs on older code too
+    return sorted(str(p) for p in [*beside.glob("*"), *tmp.glob("bradley-*")])
 
 
 def batches_complete(store: Store) -> dict[str, int]:
