@@ -139,18 +139,21 @@ def spool_folder(root: Path) -> Iterator[str]:
     sweep(root)
     root.mkdir(parents=True, exist_ok=True)
     claim = Path(tempfile.mkdtemp(prefix=f"{CLAIM_PREFIX}{os.getpid()}-", dir=root))
-    with open(claim / LOCK_NAME, "w") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody else holds it
-        folder = claim.with_name(FOLDER_PREFIX + claim.name[len(CLAIM_PREFIX):])
-        claim.rename(folder)  # the lock belongs to the open file, which follows the rename
-        try:
-            yield str(folder)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-    if root.name != SHARED_ROOT:
-        with contextlib.suppress(OSError):
-            root.rmdir()  # only when empty
+    try:
+        with open(claim / LOCK_NAME, "w") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody holds it
+            folder = claim.with_name(FOLDER_PREFIX + claim.name[len(CLAIM_PREFIX):])
+            claim.rename(folder)  # the lock belongs to the open file, which follows the rename
+            try:
+                yield str(folder)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        shutil.rmtree(claim, ignore_errors=True)  # only if the rename did not happen
+        if root.name != SHARED_ROOT:
+            with contextlib.suppress(OSError):
+                root.rmdir()  # only when empty
 
 
 def sweep(root: Path) -> list[str]:

@@ -120,6 +120,7 @@ def test_cli_names_the_file_and_line_and_writes_nothing_from_it(tmp_path, capsys
     assert "Traceback" not in err and err.rstrip().endswith("nothing written")
     with Store(db) as store:
         assert [s for (s,) in store.con.execute("SELECT source FROM batches").fetchall()] == [str(good)]
+    assert not Path(f"{db}.spool").exists()  # the spool of a failed columnar pass is gone too
     if case == "truncated gz":
         assert "the .gz file is truncated" in err
 
