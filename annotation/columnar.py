@@ -3,8 +3,9 @@ NeedsPrecise.
 
 Each check is vectorized over the whole chunk and vouches for every row or for none: a chunk with
 any row it cannot vouch for (a missing or empty text, an unknown winner, a nested extra column, a
-strength that is not a margin in 0..10, a rater that is a number…) raises NeedsPrecise, and annotation.ingest re-reads the
-source on the precise path, which names the row and field. What passes here is what the precise
+strength that is not a margin in 0..10, a rater that is a number, bytes that are not UTF-8…) raises
+NeedsPrecise, and annotation.ingest re-reads the source on the precise path, which names the row
+and field. What passes here is what the precise
 path would have staged for the same rows (tests/annotation/test_ingest_formats.py compares them).
 """
 
