@@ -21,6 +21,8 @@ import math
 import re
 from dataclasses import dataclass
 
+import orjson
+
 from service.advantages import ADVANTAGES
 
 
@@ -61,6 +63,11 @@ def decode_json(body: bytes):
     ...
     service.payloads.PayloadError: items[0].prompt: contains a lone UTF-16 surrogate (\\ud800); send valid Unicode text
     """
+    if not _NEEDS_CHECKS.search(body):
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            pass  # the checked path below says where and why
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -78,6 +85,12 @@ def decode_json(body: bytes):
     return check_values(value) if odd or _SURROGATE_ESCAPE.search(text) else value
 
 
+# Bodies orjson decodes (in C, ~10x faster than json) to exactly what the checked path returns. The
+# rest take the checked path: a \\uD800-\\uDFFF escape (maybe a lone surrogate, which orjson refuses
+# without naming the field), 16+ digits in a row (an integer orjson cannot hold, or rounds otherwise)
+# and 3-digit exponents (a float that may overflow); orjson's other refusals (NaN, bad UTF-8, deep
+# nesting, malformed JSON) also fall back, so every error message comes from one place.
+_NEEDS_CHECKS = re.compile(rb"\\u[dD][89a-fA-F]|[0-9]{16}|[eE][+-]?[0-9]{3}")
 # a lone surrogate can only come from a \uD800-\uDFFF escape: UTF-8 cannot encode one
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 MAX_INT_DIGITS = 4000  # Python refuses to convert more than 4300 (int_max_str_digits)
