@@ -1,6 +1,6 @@
-"""verl's own reward code, unchanged, calling bradley: its custom-reward loader
-(verl.trainer.ppo.reward.get_custom_reward_fn, which loads service/client.py by file path and merges
-`reward_kwargs` into every call) feeding its naive and batch reward managers
+"""verl 0.9.1's own reward code, unchanged, calling bradley: its custom-reward loader
+(verl.trainer.ppo.reward.get_custom_reward_fn: `reward.custom_reward_function.path/name/reward_kwargs`,
+loading service/client.py by file path and merging `reward_kwargs` into every call) feeding its naive and batch reward managers
 (verl.workers.reward_manager), on a DataProto built as verl's rollout leaves it: left-padded prompt
 ids, right-padded response ids ending in EOS, one attention mask over both, and per item
 `data_source`, `reward_model.ground_truth` and verl's GSM8K-style `extra_info` with the question.
@@ -57,8 +57,8 @@ def data(with_prompt=True):
                      "extra_info": np.array(infos, dtype=object)})
 
 def loader(name, kwargs):
-    cfg = OmegaConf.create({"custom_reward_function": {"path": a["client"], "name": name,
-                                                       "reward_kwargs": kwargs}})
+    cfg = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": a["client"], "name": name, "reward_kwargs": kwargs}}})
     return get_custom_reward_fn(cfg)
 
 out = {}
