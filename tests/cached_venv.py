@@ -22,6 +22,7 @@ from pathlib import Path
 
 TRL_VERSION = "1.16.0"  # what bench/train_vs_trl.py measured; a bump builds a new venv
 VERL_VERSION = "0.9.1"
+OPENRLHF_VERSION = "0.11.2"
 TORCH = "torch==2.13.0"
 READY = ".bradley-ready"  # written last: a venv without it is rebuilt
 
@@ -96,5 +97,13 @@ def verl_venv() -> Path:
                                                 "codetiming"], no_deps=(f"verl=={VERL_VERSION}",))
 
 
-if __name__ == "__main__":  # `python tests/cached_venv.py [trl|verl]` builds a venv ahead of a test run
-    print({"trl": trl_venv, "verl": verl_venv}[sys.argv[1] if len(sys.argv) > 1 else "trl"]())
+def openrlhf_venv() -> Path:
+    """The python of a venv where OpenRLHF's remote-RM client (openrlhf/utils/agent.py) runs:
+    OpenRLHF without its declared dependencies (DeepSpeed, vLLM, ...), plus what that module's
+    rollout and HTTP code use: torch, transformers, aiohttp."""
+    return ensure_venv(f"openrlhf-{OPENRLHF_VERSION}", [TORCH, "transformers", "aiohttp"],
+                       no_deps=(f"openrlhf=={OPENRLHF_VERSION}",))
+
+
+if __name__ == "__main__":  # `python tests/cached_venv.py [trl|verl|openrlhf]` builds a venv ahead of a test run
+    print({"trl": trl_venv, "verl": verl_venv, "openrlhf": openrlhf_venv}[sys.argv[1] if len(sys.argv) > 1 else "trl"]())
