@@ -97,10 +97,13 @@ def _markers(tokenizer) -> _Markers:
     """The template's generation prompt and assistant turn end, found by rendering sentinels."""
     if tokenizer not in _MARKERS:
         user = [{"role": "user", "content": SENTINEL_PROMPT}]
-        bare = tokenizer.apply_chat_template(user, tokenize=False)
-        head = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(
-            user + [{"role": "assistant", "content": SENTINEL_RESPONSE}], tokenize=False)
+        try:
+            bare = tokenizer.apply_chat_template(user, tokenize=False)
+            head = tokenizer.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+            full = tokenizer.apply_chat_template(
+                user + [{"role": "assistant", "content": SENTINEL_RESPONSE}], tokenize=False)
+        except Exception:  # a template that refuses this probe: templated prompts go unrecognised
+            bare = head = full = ""
         generation = head[len(bare):] if head.startswith(bare) else ""
         turn_end = full.split(SENTINEL_RESPONSE, 1)[1] if SENTINEL_RESPONSE in full else ""
         _MARKERS[tokenizer] = _Markers(generation, turn_end)

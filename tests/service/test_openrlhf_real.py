@@ -63,6 +63,7 @@ print(json.dumps(asyncio.run(main())))
 '''
 
 
+@pytest.mark.timeout(1800)  # the first run builds the cached venv (minutes)
 def test_openrlhf_executor_gets_the_reward_of_what_it_trained_on(live, offline, tmp_path):
     python = str(openrlhf_venv())
     (tmp_path / "openrlhf_script.py").write_text(SCRIPT)

@@ -125,6 +125,7 @@ def run_trl(python: str, script: str, spec: dict, tmp_path) -> dict:
 
 
 @pytest.mark.parametrize("shape", ["standard", "conversational"])
+@pytest.mark.timeout(1800)  # the first run builds the cached venv (minutes)
 def test_grpo_trainer_scores_through_the_live_server(shape, trl_python, policy, served, offline,
                                                      tmp_path):
     from service.client import completion_text
@@ -178,6 +179,7 @@ def test_export_of_a_mixed_store_has_one_shape(mixed_exports):
                             * (len(p) % 2) for p in hh_turns)
 
 
+@pytest.mark.timeout(1800)  # the first run builds the cached venv (minutes)
 def test_dpo_and_reward_trainers_take_the_export(trl_python, policy, tiny_models, mixed_exports,
                                                 tmp_path):
     jobs = [[kind, str(path)] for kind in ("dpo", "reward") for path in mixed_exports.values()]

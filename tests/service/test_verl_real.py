@@ -76,6 +76,7 @@ print(json.dumps(out))
 '''
 
 
+@pytest.mark.timeout(1800)  # the first run builds the cached venv (minutes)
 def test_verl_reward_managers_score_through_bradley(live, offline, tmp_path):
     python = str(verl_venv())
     (tmp_path / "verl_script.py").write_text(VERL_SCRIPT)
