@@ -13,10 +13,17 @@ built from a config, on (prompt, response) items from hh-rlhf (cut to 300 charac
 3. naive: a server that runs one forward per request (what OpenRLHF's serve_rm.py does), same
    clients, single-sample requests.
 
+4. overhead (tiny model): requests/s of a 1-token item (empty prompt, response "a") on `bradley
+   serve` against a FastAPI hello-world endpoint on the same uvicorn, same clients:
+   `overhead_ratio_vs_hello` is what the server's own per-request work leaves of the floor.
+
 Prints one JSON line. Top-level figures are for the 5M model, single-sample requests, 64 clients:
 items_per_s, p50_ms, p99_ms, ratio_vs_offline (served / ceiling), ratio_vs_per_request (served /
-naive); `models` has every phase of both models; requests_total and errors count all phases.
-Goals: ratio_vs_offline >= 0.8, ratio_vs_per_request >= 3, 20,000 requests with zero errors.
+naive); tiny_ratio_vs_offline, tiny_batch8_ratio_vs_offline and tiny_p99_ms are the cheap model's
+(where the server's overhead shows, issue 20), with overhead_ratio_vs_hello; `models` has every
+phase of both models; requests_total and errors count all phases.
+Goals: ratio_vs_offline >= 0.8 for both models and both request sizes, ratio_vs_per_request >= 3,
+20,000 requests with zero errors.
 
 Fairness: the ceiling, the naive server and `bradley serve` run the forward on the same
 --torch-threads intra-op threads (default: every core this process may use; torch.set_num_threads
@@ -57,7 +64,7 @@ CLIENTS = 64
 CUT = 300
 MODELS = {  # name -> build_tiny_reward_model arguments, requests per phase at scale 1
     "tiny": ({"hidden": 64, "layers": 2, "vocab_size": 512},
-             {"single": 20_000, "batch8": 2_500, "naive": 3_000}),
+             {"single": 20_000, "batch8": 2_500, "naive": 3_000, "overhead": 5_000}),
     "5m": ({"hidden": 256, "layers": 4, "vocab_size": 4096},
            {"single": 3_000, "batch8": 500, "naive": 1_000}),
 }
@@ -199,6 +206,25 @@ def naive_server(model_dir: str, port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
+def hello_server(port: int) -> None:
+    """FastAPI hello-world on the same uvicorn (same loop and HTTP parser as `bradley serve`): the
+    floor of any route's per-request cost. It answers POST /score so the same clients drive it."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/score")
+    async def hello():
+        return {"hello": "world"}
+
+    @app.get("/readyz")
+    async def ready():
+        return {"status": "ready"}
+
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
 # --- the run ---------------------------------------------------------------------------------
 
 
@@ -236,6 +262,30 @@ def served(folder: str, items: list, n: dict, env: dict) -> dict:
         stop(server)
 
 
+def overhead(folder: str, n: int, env: dict) -> dict:
+    """Requests/s of a 1-token item (empty prompt, one-character response: all the server's own
+    work, next to nothing of the model's) on `bradley serve`, against the hello-world server."""
+    one = [("", "a")]
+    port = free_port()
+    argv = [sys.executable, "-m", "service.cli", "--db", str(Path(folder).parent / "none.duckdb"),
+            "serve", "--read-only", "--port", str(port), "--model", folder]
+    server = start(argv, port, env)
+    try:
+        drive(port, one, CLIENTS * 4, 1, server.pid)
+        scored = drive(port, one, n, 1, server.pid)
+    finally:
+        stop(server)
+    port = free_port()
+    server = start([sys.executable, __file__, "--hello", str(port)], port, env)
+    try:
+        drive(port, one, CLIENTS * 4, 1, server.pid)
+        hello = drive(port, one, n, 1, server.pid)
+    finally:
+        stop(server)
+    return {"one_token": scored, "hello": hello,
+            "overhead_ratio_vs_hello": round(scored["items_per_s"] / hello["items_per_s"], 3)}
+
+
 def naive(folder: str, items: list, n: dict, env: dict) -> dict:
     port = free_port()
     server = start([sys.executable, __file__, "--naive", folder, str(port)], port, env)
@@ -259,6 +309,8 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     before = offline_rate(folder, items, args.batch_tokens)
     single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=4.0)
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
+    if "overhead" in n:
+        out["overhead"] = overhead(folder, n["overhead"], env)
     # other work on a shared machine moves every figure: the ceiling is the better of two
     # measurements taken around the served runs
     after = offline_rate(folder, items, args.batch_tokens)
@@ -267,13 +319,16 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     out["offline_single_items_per_s"] = round(single, 1)
     out["per_request_bound"] = round(out["ceiling_items_per_s"] / single, 2)
     out["ratio_vs_offline"] = round(out["single"]["items_per_s"] / out["ceiling_items_per_s"], 3)
+    out["batch8_ratio_vs_offline"] = round(out["batch8"]["items_per_s"] / out["ceiling_items_per_s"], 3)
     out["ratio_vs_per_request"] = round(out["single"]["items_per_s"] / out["naive"]["items_per_s"], 2)
     return out
 
 
 def summary(results: dict, args) -> dict:
     main_case = results["5m"]
-    phases = [p for r in results.values() for p in (r["single"], r["batch8"], r["naive"])]
+    extra = [p for r in results.values() if "overhead" in r
+             for p in (r["overhead"]["one_token"], r["overhead"]["hello"])]
+    phases = [p for r in results.values() for p in (r["single"], r["batch8"], r["naive"])] + extra
     served_phases = [p for r in results.values() for p in (r["single"], r["batch8"])]
     return {
         "bench": "score_load", "clients": CLIENTS, "model": "5m", "request": "single-sample",
@@ -281,6 +336,10 @@ def summary(results: dict, args) -> dict:
         "p99_ms": main_case["single"]["p99_ms"], "ratio_vs_offline": main_case["ratio_vs_offline"],
         "ratio_vs_per_request": main_case["ratio_vs_per_request"],
         "per_request_bound": main_case["per_request_bound"],
+        "tiny_ratio_vs_offline": results["tiny"]["ratio_vs_offline"],
+        "tiny_batch8_ratio_vs_offline": results["tiny"]["batch8_ratio_vs_offline"],
+        "tiny_p99_ms": results["tiny"]["single"]["p99_ms"],
+        "overhead_ratio_vs_hello": results["tiny"]["overhead"]["overhead_ratio_vs_hello"],
         "served_requests": sum(p["requests"] for p in served_phases),
         "served_errors": sum(p["errors"] for p in served_phases),
         "requests_total": sum(p["requests"] for p in phases), "errors": sum(p["errors"] for p in phases),
@@ -302,7 +361,10 @@ def main() -> None:
                              "this process may use, what `bradley serve` takes on a CPU)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="BRADLEY_MAX_BATCH_TOKENS")
     parser.add_argument("--naive", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
+    parser.add_argument("--hello", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.hello:
+        return hello_server(args.hello)
     if args.naive:
         return naive_server(args.naive[0], int(args.naive[1]))
     import torch
