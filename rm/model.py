@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from rm import device as devices
-from rm.tokenizer import build_bpe_tokenizer, encode_prompt_response
+from rm.tokenizer import build_bpe_tokenizer, encode_many
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.json"
@@ -127,8 +127,7 @@ class RewardModel:
         """Token ids of exactly what is scored (chat template when the tokenizer has one)."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; pass one each")
-        return [encode_prompt_response(self.tokenizer, p, r, self.max_length)[0]
-                for p, r in zip(prompts, responses, strict=False)]
+        return encode_many(self.tokenizer, prompts, responses, self.max_length)
 
     def score_encoded(self, ids: list[list[int]]) -> list[float]:
         """One forward over the padded batch; each score is independent of the rest of the batch."""

@@ -112,6 +112,41 @@ def encode_prompt_response(tokenizer, prompt: str | list[dict], response: str,
     return truncate_left(ids, n_prompt, max_length, keep_head=keep_head)
 
 
+def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
+                max_length: int | None = None) -> list[list[int]]:
+    """`encode_prompt_response(...)[0]` of every item, with one fast-tokenizer call for all prompt
+    parts and one for all response parts instead of two calls per item (the Rust tokenizer encodes
+    a batch with the GIL released; a call's Python overhead is paid once). Same ids, same cuts.
+
+    >>> tok = build_bpe_tokenizer(["user assistant hello there"] * 10, vocab_size=300)
+    >>> pairs = [("hello", "there"), ([{"role": "user", "content": "hi"}], "")]
+    >>> encode_many(tok, *zip(*pairs)) == [encode_prompt_response(tok, p, r)[0] for p, r in pairs]
+    True
+    """
+    if not prompts:
+        return []
+    chat = bool(tokenizer.chat_template)
+    if not chat and tokenizer.sep_token_id is not None and tokenizer.cls_token_id is not None:
+        # sentence pairs item by item: a batched pair call reads an empty response as a second
+        # segment, a single call as no pair at all, and only the latter is what training saw
+        return [encode_prompt_response(tokenizer, p, r, max_length)[0]
+                for p, r in zip(prompts, responses, strict=True)]
+    parts = [render(tokenizer, p, r, eos=False) for p, r in zip(prompts, responses, strict=True)]
+    # chat templates carry their own bos; the decoder layout takes the tokenizer's specials
+    heads = tokenizer([h for h, _ in parts], add_special_tokens=not chat,
+                      verbose=False)["input_ids"]
+    tails = tokenizer([f[len(h):] for h, f in parts], add_special_tokens=False,
+                      verbose=False)["input_ids"]
+    splits = [(h + t, len(h)) for h, t in zip(heads, tails, strict=True)]
+    if not chat and tokenizer.eos_token_id is not None:
+        for ids, _ in splits:
+            if not ids or ids[-1] != tokenizer.eos_token_id:
+                ids.append(tokenizer.eos_token_id)
+    heads_kept = (tokenizer.bos_token_id, tokenizer.cls_token_id)
+    return [truncate_left(ids, n, max_length, keep_head=1 if ids and ids[0] in heads_kept else 0)[0]
+            for ids, n in splits]
+
+
 def _prefix_split(tokenizer, head: str, full: str,
                   add_special_tokens: bool) -> tuple[list[int], int]:
     """Token ids of `full` and how many of them belong to its prefix `head`.
