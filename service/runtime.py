@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from service.batcher import Batcher
+from service.encoder import EncodeQueue
 from service.metrics import Metrics
 from service.payloads import Limits, PayloadError, text_chars
 from service.settings import Settings
@@ -83,6 +84,8 @@ class Service:
                                   settings.max_get_reward_items)
         self._encoders = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"bradley-tokenize-{lane}")
                           for lane in ("small", "large")}
+        # small /score requests: many per tokenizer call (issue 20), the large lane one by one
+        self._batched_encoder = EncodeQueue("bradley-tokenize-batched")
         self.batcher = Batcher(settings.max_batch_tokens, settings.max_batch_items,
                                settings.max_wait_ms / 1000, settings.max_queue_items,
                                on_forward=self.metrics.on_forward)
@@ -115,6 +118,7 @@ class Service:
         self._store_thread.shutdown(wait=True)
         for encoder in self._encoders.values():
             encoder.shutdown(wait=True)
+        self._batched_encoder.close()
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -178,9 +182,11 @@ class Service:
         loaded = self.current
         if loaded is None:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
-        lane = "small" if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS else "large"
-        ids = await asyncio.get_running_loop().run_in_executor(self._encoders[lane], loaded.rm.encode,
-                                                               prompts, responses)
+        if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:
+            ids = await self._batched_encoder.encode(loaded.rm, prompts, responses)
+        else:
+            ids = await asyncio.get_running_loop().run_in_executor(
+                self._encoders["large"], loaded.rm.encode, prompts, responses)
         scores = await self.batcher.score(loaded.rm.score_encoded, ids)
         self.metrics.on_scores(responses, scores)
         return loaded.id, scores
