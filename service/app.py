@@ -60,6 +60,7 @@ class RouteMetrics:
 
     def __init__(self, app, service: Service):
         self.app, self.metrics = app, service.metrics
+        self._children: dict[tuple, tuple] = {}  # labels() takes a lock and validates: once per key
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -74,10 +75,14 @@ class RouteMetrics:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
-            route = getattr(scope.get("route"), "path", "unmatched")
-            self.metrics.request_seconds.labels(route, scope["method"]).observe(
-                time.perf_counter() - started)
-            self.metrics.responses.labels(route, str(status[0])).inc()
+            key = (getattr(scope.get("route"), "path", "unmatched"), scope["method"], status[0])
+            children = self._children.get(key)
+            if children is None:  # route templates x methods x statuses: a bounded set
+                children = self._children[key] = (
+                    self.metrics.request_seconds.labels(key[0], key[1]),
+                    self.metrics.responses.labels(key[0], str(key[2])))
+            children[0].observe(time.perf_counter() - started)
+            children[1].inc()
 
 
 def serve_from_args(args) -> int:
