@@ -8,8 +8,8 @@ import math
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse
 
-from service.http import check_key, read_body
-from service.payloads import PayloadError, decode_json, parse_records, webhook_task
+from service.http import check_key, check_webhook_secret, read_body
+from service.payloads import PayloadError, decode_json, parse_records, webhook_event
 from service.runtime import Unavailable
 
 router = APIRouter()
@@ -99,13 +99,14 @@ def _plain(value):
 
 @router.post("/webhooks/label-studio")
 async def label_studio_webhook(request: Request) -> JSONResponse:
-    """ANNOTATION_CREATED becomes one judgment (same validation as a Label Studio export); other
-    actions are acknowledged and ignored. Configure the webhook with an Authorization header."""
-    svc = await _authorized(request)
+    """ANNOTATION_CREATED / ANNOTATION_UPDATED become judgments (an update replaces the verdict it
+    edits), ANNOTATIONS_DELETED retracts them; other actions are acknowledged and ignored. Needs
+    the X-Bradley-Webhook-Secret header (BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET) or a bearer key."""
+    svc = request.app.state.service
+    check_webhook_secret(request, svc.settings.label_studio_webhook_secret, svc.settings.api_keys)
     value = decode_json(await read_body(request, svc.settings.max_body_bytes))  # never logged
-    task = webhook_task(value)
-    if task is None:
+    event = webhook_event(value)
+    if event is None:
         return JSONResponse({"ignored": value["action"]}, 202)
-    result = await svc.ingest("webhooks/label-studio", [task])
-    body = {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
-    return JSONResponse(body, 200 if result.duplicate else 201)
+    body = await svc.label_studio_event(*event)
+    return JSONResponse(body, 200 if body.get("duplicate") else 201)

@@ -17,7 +17,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-SECRET_FIELDS = {"api_keys"}
+SECRET_FIELDS = {"api_keys", "label_studio_webhook_secret"}
 
 
 class SettingsError(ValueError):
@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_text_chars: int = Field(200_000, ge=1)     # per prompt or response; longer is refused (422)
     drain_timeout_s: float = Field(30.0, ge=0)
+    # Label Studio sends it in the X-Bradley-Webhook-Secret header (the webhook's custom headers);
+    # unset: the webhook needs a bearer API key like any other write
+    label_studio_webhook_secret: str | None = Field(None, min_length=16)
     log_level: str = "info"
 
     @field_validator("api_keys", mode="before")
