@@ -158,10 +158,9 @@ def _pair_scores(cand, scorer: Scorer) -> tuple[np.ndarray, np.ndarray]:
     """r_a, r_b per candidate, each distinct response scored once."""
     keys, items = {}, []
     for side in ("a", "b"):
-        for pid, msgs, prompt, rid, text in zip(
-                *(cand.column(c).to_pylist() for c in ("prompt_id", "messages", "prompt",
-                                                       f"response_{side}", f"text_{side}")),
-                strict=True):
+        for msgs, prompt, rid, text in zip(
+                *(cand.column(c).to_pylist() for c in ("messages", "prompt", f"response_{side}",
+                                                       f"text_{side}")), strict=True):
             if rid not in keys:
                 keys[rid] = len(items)
                 items.append((json.loads(msgs) if msgs else prompt, text))
