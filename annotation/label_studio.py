@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import datetime, timedelta
 from collections.abc import Callable, Iterator
 
 import numpy as np
@@ -227,13 +228,15 @@ def _counts(result: IngestResult | None) -> dict:
 
 
 def fetch_tasks(client, project_id: int, since: str | None = None) -> Iterator[dict]:
-    """Every task of the project with its annotations, oldest update first; with `since`, Label
-    Studio's own filter narrows them to updates from that minute on (the caller compares exactly)."""
+    """Every task of the project with its annotations, oldest update first; with `since` (a UTC
+    ISO time), Label Studio's own filter narrows them to updates from a minute before it on (a
+    margin for clocks and rounding: the caller compares exactly)."""
     query = {"ordering": ["tasks:updated_at"]}
     if since:
+        margin = datetime.fromisoformat(since) - timedelta(minutes=1)
         query["filters"] = {"conjunction": "and", "items": [{
             "filter": "filter:tasks:updated_at", "operator": "greater", "type": "Datetime",
-            "value": since[:16]}]}
+            "value": margin.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}]}
     pages = _call("listing tasks", client.tasks.list, project=project_id, fields="all",
                   query=json.dumps(query), page_size=PAGE_TASKS)
     for task in pages:
