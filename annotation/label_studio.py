@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import os
-from datetime import datetime, timedelta
 from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
 
 import numpy as np
 
@@ -110,20 +110,11 @@ def push(store, client, proj: dict, strategy: str = "random", limit: int = 100,
          scorer: Scorer | None = None, seed: int = 0, batch_size: int = BATCH_TASKS) -> dict:
     """Send up to `limit` pairs not yet pushed, chosen by `strategy`; `scorer(prompts, responses)`
     gives reward-model scores for `uncertain`. Returns counts."""
-    if strategy not in selection.STRATEGIES:
-        raise LabelStudioError(f"unknown --select {strategy!r}; use {', '.join(selection.STRATEGIES)}")
-    cand = ls_ledger.candidates(store, proj["url"], proj["project_id"])
-    if strategy == "uncertain" and scorer is None:
-        raise LabelStudioError("--select uncertain needs --model ID (a reward model in the store or "
-                               "a model folder)")
-    scores = _pair_scores(cand, scorer) if strategy == "uncertain" and cand.num_rows else None
-    picked = selection.select(strategy, cand, limit, seed, scores) if cand.num_rows else []
-    rows = cand.take(np.asarray(picked, dtype=np.int64)).to_pylist() if len(picked) else []
+    rows, n_candidates = choose(store, proj, strategy, limit, scorer, seed)
     rng = np.random.default_rng([seed, ls_ledger.pushed_count(store, proj["url"], proj["project_id"])])
-    swaps = rng.random(len(rows)) < 0.5
-    sent = 0
+    swaps = [bool(s) for s in rng.random(len(rows)) < 0.5]
     for chunk in _chunks(list(zip(rows, swaps, strict=True)), batch_size):
-        tasks = [task_data(row, bool(swap)) for row, swap in chunk]
+        tasks = [task_data(row, swap) for row, swap in chunk]
         answer = _call("importing tasks", client.projects.import_tasks, id=proj["project_id"],
                        request=tasks, return_task_ids=True)
         task_ids = list(getattr(answer, "task_ids", None) or [])
@@ -131,11 +122,26 @@ def push(store, client, proj: dict, strategy: str = "random", limit: int = 100,
             raise LabelStudioError(f"Label Studio returned {len(task_ids)} task ids for {len(tasks)} "
                                    "imported tasks; cannot record what was pushed")
         ls_ledger.record_tasks(store, proj["url"], proj["project_id"], [
-            (tid, row["prompt_id"], row["response_a"], row["response_b"], bool(swap), strategy)
+            (tid, row["prompt_id"], row["response_a"], row["response_b"], swap, strategy)
             for tid, (row, swap) in zip(task_ids, chunk, strict=True)])
-        sent += len(tasks)
-    return {"project_id": proj["project_id"], "select": strategy, "pushed": sent,
-            "candidates": cand.num_rows, "swapped": int(np.sum(swaps))}
+    return {"project_id": proj["project_id"], "select": strategy, "pushed": len(rows),
+            "candidates": n_candidates, "swapped": sum(swaps)}
+
+
+def choose(store, proj: dict, strategy: str, limit: int, scorer: Scorer | None = None,
+           seed: int = 0) -> tuple[list[dict], int]:
+    """(the candidate rows `strategy` picks first, at most `limit`; how many candidates there were)."""
+    if strategy not in selection.STRATEGIES:
+        raise LabelStudioError(f"unknown --select {strategy!r}; use {', '.join(selection.STRATEGIES)}")
+    if strategy == "uncertain" and scorer is None:
+        raise LabelStudioError("--select uncertain needs --model ID (a reward model in the store or "
+                               "a model folder)")
+    cand = ls_ledger.candidates(store, proj["url"], proj["project_id"])
+    if not cand.num_rows:
+        return [], 0
+    scores = _pair_scores(cand, scorer) if strategy == "uncertain" else None
+    picked = np.asarray(selection.select(strategy, cand, limit, seed, scores), dtype=np.int64)
+    return cand.take(picked).to_pylist(), cand.num_rows
 
 
 def task_data(row: dict, swapped: bool) -> dict:
