@@ -131,3 +131,27 @@ def test_selection_strategies_by_hand():
     assert order.tolist()[:3] in ([0, 4, 1], [4, 0, 1])
     with pytest.raises(ValueError, match="--model"):
         selection.select("uncertain", cols, 3)
+
+
+def test_choose_reads_candidates_and_votes_from_the_store(store):
+    """Pairs of the store's responses not yet pushed; votes from its judgments (two raters split
+    on Q0's (x, y), one vote on Q1's): `disagreement` takes the split pair first, `uncertain` the
+    pair whose (fake) rewards are closest, and a pushed pair is never a candidate again."""
+    from annotation import label_studio as ls
+
+    rows = [{"prompt": "Q0", "response_a": "x", "response_b": "y", "winner": w, "rater": r}
+            for w, r in (("a", "u1"), ("b", "u2"))]
+    rows += [{"prompt": "Q0", "response_a": "y", "response_b": "zzzz", "winner": "a", "rater": "u1"},
+             {"prompt": "Q1", "response_a": "p", "response_b": "qq", "winner": "a", "rater": "u1"}]
+    ingest_records(store, rows)
+    ls_ledger.record_project(store, "http://ls", 1, "t", 1)
+    proj = ls.project(store, "http://ls")
+    picked, n = ls.choose(store, proj, "disagreement", 1)
+    assert n == 4 and {picked[0]["text_a"], picked[0]["text_b"]} == {"x", "y"}
+    by_length = lambda prompts, responses: [float(len(r)) for r in responses]  # noqa: E731
+    picked, _ = ls.choose(store, proj, "uncertain", 4, scorer=by_length)
+    gaps = [abs(len(r["text_a"]) - len(r["text_b"])) for r in picked]
+    assert gaps == sorted(gaps) and gaps[0] == 0  # x vs y: equal rewards, sigma = 1/2
+    ls_ledger.record_tasks(store, "http://ls", 1, [(9, picked[0]["prompt_id"], picked[0]["response_a"],
+                                                   picked[0]["response_b"], False, "uncertain")])
+    assert ls.choose(store, proj, "random", 10)[1] == 3
