@@ -215,13 +215,11 @@ class Service:
         self.metrics.on_ingest(route, result.rows_ok, result.rows_rejected, outcome)
         return result
 
-
     async def label_studio_event(self, kind: str, payload) -> dict:
         """A Label Studio webhook event (service.payloads.webhook_event): a verdict is ingested
         like an export (an edit replaces, a cancelled annotation retracts), deleted annotations are
         retracted. An invalid annotation is a 422 naming it, and nothing is stored."""
         from annotation import ls_ledger, ls_mapping
-        from annotation.ingest import IngestError
 
         route = "webhooks/label-studio"
         if self.settings.read_only:
@@ -236,7 +234,7 @@ class Service:
             return {reason: len(gone), "retracted": retracted}
         try:
             result = await self.ingest(route, [payload])
-        except IngestError as exc:
+        except RowsRefused as exc:
             problem = exc.errors[0].partition(": ")[2].partition(": ")[2]  # after "where:line: field"
             raise PayloadError(exc.field, f"{problem}; the annotation "
                                "was not stored (Label Studio accepted it, bradley cannot read it "
