@@ -1,0 +1,296 @@
+"""Verifier calls in worker processes, each call under a wall-clock limit.
+
+Why processes: a checker can hang (a catastrophic regex, a sympy simplification, a program stuck in
+`while True`) and Python cannot interrupt a thread; math-verify's own timeouts use `signal.alarm`,
+which only works on the main thread, so inside a server's threads it either raises or (with its
+timeouts off) runs unbounded. A worker process can always be killed.
+
+How: `workers` subprocesses (`python -m rm.verifier_pool`), each fed by one dispatcher thread that
+hands it a chunk of calls as one JSON line and reads back one JSON line per finished call. A call's
+clock starts when the worker starts it: the worker begins the next call as soon as it has written the
+previous result, so the deadline restarts at every result read (and at dispatch for the first).
+A call past its deadline: the worker's process group is killed (taking any program it ran with it),
+the call gets reward 0 and `status: timeout`, a fresh worker starts, and the rest of the chunk runs
+there. A worker that dies on its own gives the call in progress `status: error`. Nothing becomes a
+silent zero: every status is counted (`counts`, and the `on_status` callback for /metrics).
+
+    >>> with VerifierPool(workers=1, timeout_s=5) as pool:
+    ...     [v.reward for v in pool.verify([("gsm8k", "#### 10", "10", None),
+    ...                                     ("exact", "no", "yes", None)])]
+    [1.1, 0.0]
+
+Extra verifiers (tests, site-specific checkers) are named by import path, `{"slow": "pkg.mod:fn"}`:
+the workers import them at start, since functions cannot travel to another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import json
+import logging
+import os
+import queue
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from rm.verifiers import VERIFIERS, Verdict, run_verifier
+
+DEFAULT_TIMEOUT_S = 5.0
+CHUNK = 32          # calls per message: amortises the pipe round trip without starving the other worker
+START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
+
+Call = tuple  # (verifier name, response, ground truth, options dict or None)
+
+
+class PoolClosed(RuntimeError):
+    pass
+
+
+class _Job:
+    """One chunk of a request; the request's future completes when its last chunk does."""
+
+    def __init__(self, calls: Sequence[Call], out: list, start: int, request: _Request):
+        self.calls, self.out, self.start, self.request = list(calls), out, start, request
+
+
+class _Request:
+    def __init__(self, n_chunks: int, out: list):
+        self.left, self.out, self.future, self.lock = n_chunks, out, Future(), threading.Lock()
+
+    def chunk_done(self) -> None:
+        with self.lock:
+            self.left -= 1
+            done = self.left == 0
+        if done:
+            self.future.set_result(self.out)
+
+
+class _Worker:
+    """One `python -m rm.verifier_pool` process in its own process group."""
+
+    def __init__(self, plugins: dict[str, str]):
+        env = {**os.environ, "BRADLEY_VERIFIER_PLUGINS": json.dumps(plugins),
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+        self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_pool"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True, bufsize=0)
+        self.fd, self.buffer = self.proc.stdout.fileno(), b""
+        ready = self.read_line(START_TIMEOUT_S)
+        if ready != {"ready": True}:
+            self.kill()
+            raise RuntimeError(f"verifier worker did not start (got {ready!r}); see its stderr")
+
+    def send(self, calls: list[Call]) -> None:
+        self.proc.stdin.write(json.dumps(calls).encode() + b"\n")
+
+    def read_line(self, timeout: float):
+        """The next JSON line, None at the deadline, EOFError when the worker is gone."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+                return None
+            data = os.read(self.fd, 1 << 16)
+            if not data:
+                raise EOFError("verifier worker exited")
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+class VerifierPool:
+    def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 plugins: dict[str, str] | None = None,
+                 on_status: Callable[[str, str], None] | None = None, chunk: int = CHUNK):
+        if workers < 1 or timeout_s <= 0:
+            raise ValueError("workers must be >= 1 and timeout_s > 0")
+        self.n_workers, self.timeout_s, self.chunk = workers, timeout_s, chunk
+        self.plugins, self.on_status = dict(plugins or {}), on_status
+        self.counts: Counter = Counter()
+        self.restarts = 0
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._workers: list[_Worker | None] = [None] * workers
+        self._ready = [threading.Event() for _ in range(workers)]
+        self._lock, self._closed = threading.Lock(), False
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def names(self) -> set[str]:
+        return set(VERIFIERS) | set(self.plugins)
+
+    # -- submitting ------------------------------------------------------------------------------
+
+    def submit(self, calls: Sequence[Call]) -> Future:
+        """A Future of the verdicts of `calls`, in order; work is split into chunks across workers."""
+        self._ensure_started()
+        out: list = [None] * len(calls)
+        starts = range(0, len(calls), self.chunk)
+        request = _Request(len(starts), out)
+        if not calls:
+            request.future.set_result(out)
+        for start in starts:
+            self._jobs.put(_Job(calls[start:start + self.chunk], out, start, request))
+        return request.future
+
+    def verify(self, calls: Sequence[Call]) -> list[Verdict]:
+        return self.submit(calls).result()
+
+    async def averify(self, calls: Sequence[Call]) -> list[Verdict]:
+        """For the event loop: it only waits; the calls run in the worker processes."""
+        return await asyncio.wrap_future(self.submit(calls))
+
+    # -- the dispatcher threads -------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._closed:
+                raise PoolClosed("the verifier pool is closed")
+            if self._threads:
+                return
+            for slot in range(self.n_workers):
+                thread = threading.Thread(target=self._serve, args=(slot,), daemon=True,
+                                          name=f"bradley-verifier-{slot}")
+                thread.start()
+                self._threads.append(thread)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> bool:
+        """Start the workers now (rather than on the first call) and wait until all are up."""
+        self._ensure_started()
+        deadline = time.monotonic() + timeout
+        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in self._ready)
+
+    def _spawn(self, slot: int) -> None:
+        """Start this slot's worker ahead of need: a replacement must not delay the next call."""
+        try:
+            self._worker(slot)
+        except Exception:
+            pass  # the next call retries and reports the failure as `status: error`
+        self._ready[slot].set()
+
+    def _serve(self, slot: int) -> None:
+        self._spawn(slot)
+        while (job := self._jobs.get()) is not None:
+            try:
+                self._run(slot, job)
+            except Exception as exc:  # worker would not start: answer, do not hang the request
+                for i in range(len(job.calls)):
+                    if job.out[job.start + i] is None:
+                        job.out[job.start + i] = self._note(
+                            job.calls[i][0], Verdict(0.0, None, False, "error", detail=str(exc)[:300]))
+            job.request.chunk_done()
+            if self._workers[slot] is None and not self._closed:
+                self._spawn(slot)
+
+    def _worker(self, slot: int) -> _Worker:
+        if self._workers[slot] is None:
+            self._workers[slot] = _Worker(self.plugins)
+        return self._workers[slot]
+
+    def _run(self, slot: int, job: _Job) -> None:
+        pending = list(range(len(job.calls)))
+        while pending:
+            worker = self._worker(slot)
+            worker.send([list(job.calls[i]) for i in pending])
+            while pending:
+                i = pending[0]
+                try:
+                    line = worker.read_line(self.timeout_s)
+                except EOFError:
+                    line = Verdict(0.0, None, False, "error", detail="verifier worker died")
+                if line is None:
+                    line = Verdict(0.0, None, False, "timeout",
+                                   detail=f"over the {self.timeout_s:g} s limit; worker replaced")
+                if isinstance(line, Verdict):  # this worker is done for: replace it, go on
+                    self._replace(slot)
+                    job.out[job.start + i] = self._note(job.calls[i][0], line)
+                    pending.pop(0)
+                    break
+                job.out[job.start + i] = self._note(job.calls[i][0], Verdict(*line))
+                pending.pop(0)
+
+    def _replace(self, slot: int) -> None:
+        worker, self._workers[slot] = self._workers[slot], None
+        if worker is not None:
+            worker.kill()
+        self.restarts += 1
+
+    def _note(self, name: str, verdict: Verdict) -> Verdict:
+        self.counts[verdict.status] += 1
+        if self.on_status is not None:
+            self.on_status(name, verdict.status)
+        return verdict
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._jobs.put(None)
+        for thread in threads:
+            thread.join(timeout=10)
+        for slot in range(self.n_workers):
+            if self._workers[slot] is not None:
+                self._replace(slot)
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+def _load_plugins() -> None:
+    for name, path in json.loads(os.environ.get("BRADLEY_VERIFIER_PLUGINS") or "{}").items():
+        module, _, attr = path.partition(":")
+        VERIFIERS[name] = getattr(importlib.import_module(module), attr)
+
+
+def _warm_up() -> None:
+    """Import math-verify (sympy: seconds) before announcing readiness, so no call pays for it.
+    Its once-per-process warning that timeouts are off is expected here: the pool is the timeout."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    try:
+        run_verifier("math", "\\boxed{1}", "1")
+    except Exception:
+        pass
+
+
+def worker_main() -> None:
+    # Our protocol owns the real stdout; anything a verifier prints goes to stderr instead.
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    _load_plugins()
+    _warm_up()
+    out.write(b'{"ready": true}\n')
+    for line in sys.stdin.buffer:
+        for name, response, ground_truth, options in json.loads(line):
+            v = run_verifier(name, response, ground_truth, options)
+            out.write(json.dumps([v.reward, v.correct, v.format_ok, v.status, v.extracted,
+                                  v.detail]).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    worker_main()
