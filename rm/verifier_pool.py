@@ -50,10 +50,6 @@ START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machin
 Call = tuple  # (verifier name, response, ground truth, options dict or None)
 
 
-class PoolClosed(RuntimeError):
-    pass
-
-
 class _Job:
     """One chunk of a request; the request's future completes when its last chunk does."""
 
@@ -168,8 +164,6 @@ class VerifierPool:
 
     def _ensure_started(self) -> None:
         with self._lock:
-            if self._closed:
-                raise PoolClosed("the verifier pool is closed")
             if self._threads:
                 return
             for slot in range(self.n_workers):
@@ -256,6 +250,9 @@ class VerifierPool:
         for slot in range(self.n_workers):
             if self._workers[slot] is not None:
                 self._replace(slot)
+        with self._lock:  # a later submit starts afresh (a service that is stopped and started)
+            self._ready = [threading.Event() for _ in range(self.n_workers)]
+            self._closed = False
 
 
 # -- the worker process -------------------------------------------------------------------------

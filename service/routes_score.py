@@ -6,9 +6,9 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
-from service.advantages import group_advantages
 from service.http import check_key, read_body
 from service.payloads import decode_json, parse_get_reward, parse_score
+from service.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
 
 router = APIRouter()
 
@@ -28,26 +28,48 @@ async def _scoring_body(request: Request):
 async def score(request: Request) -> JSONResponse:
     svc, value = await _scoring_body(request)
     req = parse_score(value, svc.limits)
-    model_id, scores = await svc.score(req.prompts, req.responses)
-    out: dict = {"scores": scores, "model": model_id}
+    names = svc.verifiers.names()
+    checks = parse_checks(value["items"], svc.limits, names, svc.settings.default_verifier)
+    weights = parse_weights(value.get("weights"), names)
+    if any(checks) or weights is not None:
+        combined = await combine(svc, req.prompts, req.responses, checks, weights)
+        out: dict = {"scores": combined.rewards, "model": combined.model, **combined.item_fields()}
+        correct = combined.correct
+    else:  # the reward model alone, as before verifiers existed
+        model_id, scores = await svc.score(req.prompts, req.responses)
+        out, correct = {"scores": scores, "model": model_id}, [None] * len(scores)
     if req.group_size is not None:
-        out["advantages"], out["degenerate_groups"] = group_advantages(scores, req.group_size,
-                                                                       req.advantage)
+        out.update(group_fields(svc, req, out["scores"], correct))
     return JSONResponse(out)
 
 
 @router.post("/get_reward")
 async def get_reward(request: Request) -> JSONResponse:
-    """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`."""
+    """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`. With `labels`
+    (ground truth), `rewards` is the combined reward and `scores` the 0/1 correctness (OpenRLHF's
+    dynamic filter keeps a prompt when 0 < mean(scores) < 1); items without a verdict score their
+    reward. `extra_logs` adds each component's mean and the count of each verifier status."""
     svc, value = await _scoring_body(request)
     prompts, responses, single = parse_get_reward(value, svc.limits)
-    model_id, scores = await svc.score(prompts, responses)
+    names = svc.verifiers.names()
+    checks = label_checks(value, len(responses), svc.limits, names, svc.settings.default_verifier)
     lengths = [float(len(r)) for r in responses]
+    extra: dict = {}
+    if any(checks):
+        combined = await combine(svc, prompts, responses, checks, None)
+        model_id, rewards = combined.model, combined.rewards
+        scores = [float(c) if c is not None else r for c, r in zip(combined.correct, rewards,
+                                                                    strict=True)]
+        extra = {**{f"mean_{k}": v for k, v in combined.component_means().items()},
+                 **{f"status_{k}": n for k, n in combined.status_counts().items()}}
+    else:
+        model_id, rewards = await svc.score(prompts, responses)
+        scores = rewards
     if single:
-        scores, lengths = scores[0], lengths[0]
-    return JSONResponse({"rewards": scores, "scores": scores,
-                         "extra_logs": {"response_chars": lengths}},
-                        headers={"X-Bradley-Model": model_id})
+        rewards, scores, lengths = rewards[0], scores[0], lengths[0]
+    return JSONResponse({"rewards": rewards, "scores": scores,
+                         "extra_logs": {"response_chars": lengths, **extra}},
+                        headers={"X-Bradley-Model": model_id or ""})
 
 
 @router.get("/models")

@@ -17,10 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rm.verifier_pool import VerifierPool
+from service.advantages import PassRates
 from service.batcher import Batcher
 from service.metrics import Metrics
 from service.payloads import Limits
-from service.settings import Settings
+from service.rewards import weights_setting
+from service.settings import Settings, plugins_setting
 
 log = logging.getLogger("bradley.service")
 UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
@@ -66,6 +69,11 @@ class Service:
                                settings.max_wait_ms / 1000, settings.max_queue_items,
                                on_forward=self.metrics.on_forward)
         self.metrics.queue_items.set_function(lambda: self.batcher.queued_items)
+        self.verifiers = VerifierPool(settings.verifier_workers, settings.verifier_timeout_s,
+                                      plugins_setting(settings.verifier_plugins),
+                                      on_status=self.metrics.on_verdict)
+        self.reward_weights = weights_setting(settings.reward_weights)
+        self.pass_rates = PassRates()
         self.store = None
         self.current: LoadedModel | None = None
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="bradley-store")
@@ -91,6 +99,7 @@ class Service:
         drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
+        self.verifiers.close()
         self._store_thread.shutdown(wait=True)
         if self.store is not None:
             self.store.close()
