@@ -215,11 +215,14 @@ VERIFIERS: dict[str, Callable[..., Verdict]] = {
     "exact": exact, "numeric": numeric, "gsm8k": gsm8k, "math": math, "regex": regex, "code": code,
 }
 
-# verl's `data_source` values (and the Hub ids trainers put there) -> verifier name.
+# verl's `data_source` values (those of its default_compute_score, and the Hub ids trainers put
+# there) -> verifier name.
 DATA_SOURCES = {
     "openai/gsm8k": "gsm8k", "gsm8k": "gsm8k", "gsm_symbolic": "gsm8k",
     "HuggingFaceH4/MATH-500": "math", "lighteval/MATH": "math", "DigitalLearningGmbH/MATH-lighteval":
     "math", "math": "math", "AI-MO/NuminaMath-CoT": "math", "math_dapo": "math",
+    "numina_aops_forum": "math", "numina_synthetic_math": "math", "numina_amc_aime": "math",
+    "numina_olympiads": "math", "numina_cn_k12": "math",
     "openai/openai_humaneval": "code", "openai_humaneval": "code", "humaneval": "code",
 }
 

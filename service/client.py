@@ -181,15 +181,44 @@ def completion_text(completion) -> str:
     return "".join(m.get("content", "") for m in completion if m.get("role", "assistant") == "assistant")
 
 
-def trl_reward_func(url: str, api_key: str | None = None, timeout: float = 180.0):
-    """A TRL GRPO reward function scoring through the service: `f(prompts, completions, **kw)`."""
+def trl_reward_func(url: str, api_key: str | None = None, timeout: float = 180.0,
+                    ground_truth_key: str = "ground_truth", data_source: str | None = None,
+                    verifier: str | None = None):
+    """A TRL GRPO reward function scoring through the service: `f(prompts, completions, **kw)`.
+    When the dataset has a `ground_truth_key` column, TRL passes it along and it is forwarded, so the
+    server's verifiers (named by `verifier` or `data_source`, else the server default) score it."""
     client = ScoreClient(url, api_key=api_key, timeout=timeout)
 
     def bradley_reward(prompts, completions, **kwargs) -> list[float]:
-        return client.score(list(prompts), [completion_text(c) for c in completions])
+        texts = [completion_text(c) for c in completions]
+        truths = kwargs.get(ground_truth_key)
+        if truths is None:
+            return client.score(list(prompts), texts)
+        body = with_ground_truth(score_body(list(prompts), texts), truths, data_source, verifier)
+        return client.request("POST", "/score", json=body)["scores"]
 
     bradley_reward.client = client  # so a caller can close it
     return bradley_reward
+
+
+# --- ground truth for the server's verifiers (issue 19) ------------------------------------------
+
+
+def with_ground_truth(body: dict, ground_truths, data_source=None, verifier=None) -> dict:
+    """Add `ground_truth` (and `data_source` / `verifier`) to each item of a /score body; an item
+    whose ground truth is None is left to the reward model.
+
+    >>> with_ground_truth(score_body(["q"], ["#### 4"]), ["4"], data_source="openai/gsm8k")["items"]
+    [{'prompt': 'q', 'response': '#### 4', 'ground_truth': '4', 'data_source': 'openai/gsm8k'}]
+    """
+    if len(ground_truths) != len(body["items"]):
+        raise ValueError(f"{len(ground_truths)} ground truths for {len(body['items'])} items")
+    for item, truth in zip(body["items"], ground_truths, strict=True):
+        if truth is not None:
+            item["ground_truth"] = truth
+            item.update({k: v for k, v in (("data_source", data_source), ("verifier", verifier))
+                         if v is not None})
+    return body
 
 
 @functools.lru_cache(maxsize=8)
@@ -198,10 +227,17 @@ def _shared_client(url: str, api_key: str | None) -> ScoreClient:
 
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    """verl's custom reward function signature; the score of `solution_str` for the prompt in
-    `extra_info["prompt"]` (empty when absent). `data_source` and `ground_truth` are not used: a
-    reward model judges the text itself."""
+    """verl's custom reward function signature: the reward of `solution_str` for the prompt in
+    `extra_info["prompt"]` (empty when absent). `ground_truth` and `data_source` are forwarded, so
+    the server's verifier for that source scores it (BRADLEY_VERIFIER names one explicitly, and
+    the server's BRADLEY_REWARD_WEIGHTS mixes in the reward model); with no ground truth the reward
+    model alone judges the text."""
     client = _shared_client(os.environ.get("BRADLEY_URL", "http://127.0.0.1:8000"),
                             os.environ.get("BRADLEY_API_KEY"))
     prompt = (extra_info or {}).get("prompt", "") if isinstance(extra_info, dict) else ""
-    return client.score([prompt], [solution_str])[0]
+    if ground_truth is None:
+        return client.score([prompt], [solution_str])[0]
+    verifier = os.environ.get("BRADLEY_VERIFIER")
+    body = with_ground_truth(score_body([prompt], [solution_str]), [ground_truth],
+                             None if verifier else data_source, verifier)
+    return client.request("POST", "/score", json=body)["scores"][0]
