@@ -6,13 +6,15 @@ which only works on the main thread, so inside a server's threads it either rais
 timeouts off) runs unbounded. A worker process can always be killed.
 
 How: `workers` subprocesses (`python -m rm.verifier_pool`), each fed by one dispatcher thread that
-hands it a chunk of calls as one JSON line and reads back one JSON line per finished call. A call's
-clock starts when the worker starts it: the worker begins the next call as soon as it has written the
-previous result, so the deadline restarts at every result read (and at dispatch for the first).
-A call past its deadline: the worker's process group is killed (taking any program it ran with it),
-the call gets reward 0 and `status: timeout`, a fresh worker starts, and the rest of the chunk runs
-there. A worker that dies on its own gives the call in progress `status: error`. Nothing becomes a
-silent zero: every status is counted (`counts`, and the `on_status` callback for /metrics).
+hands it a chunk of calls as one JSON line and reads back one JSON line of verdicts. A call's clock
+starts when the worker starts it: before each call the worker writes (chunk, call, start time) to a
+small shared page, so when the parent's wait runs out it knows which call is running and since when,
+and waits on until that call's own deadline (one message each way per chunk, not per call, keeps
+the server's threads from waking once per call). A call past its deadline: the worker's process
+group is killed (taking any program it ran with it), the call gets reward 0 and `status: timeout`,
+a fresh worker starts, and the chunk's other calls go back on the queue. A worker that dies on its
+own gives the call in progress `status: error`. Nothing becomes a silent zero: every status is
+counted (`counts`, and the `on_status` callback for /metrics).
 
     >>> with VerifierPool(workers=1, timeout_s=5) as pool:
     ...     [v.reward for v in pool.verify([("gsm8k", "#### 10", "10", None),
@@ -29,12 +31,15 @@ import asyncio
 import importlib
 import json
 import logging
+import mmap
 import os
 import queue
 import select
 import signal
+import struct
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -50,16 +55,15 @@ START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machin
 Call = tuple  # (verifier name, response, ground truth, options dict or None)
 
 
-class _Job:
-    """One chunk of a request; the request's future completes when its last chunk does."""
-
-    def __init__(self, calls: Sequence[Call], out: list, start: int, request: _Request):
-        self.calls, self.out, self.start, self.request = list(calls), out, start, request
-
-
 class _Request:
+    """The verdicts of one submit(); its future completes when its last chunk is answered."""
+
     def __init__(self, n_chunks: int, out: list):
         self.left, self.out, self.future, self.lock = n_chunks, out, Future(), threading.Lock()
+
+    def add_chunk(self) -> None:
+        with self.lock:
+            self.left += 1
 
     def chunk_done(self) -> None:
         with self.lock:
@@ -69,32 +73,59 @@ class _Request:
             self.future.set_result(self.out)
 
 
+class _Job:
+    """A chunk of a request: its calls and where their verdicts go in the request's list."""
+
+    def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request):
+        self.calls, self.where, self.request = list(calls), list(where), request
+
+
+PROGRESS = struct.Struct("qqd")  # chunk number, call index within it, CLOCK_MONOTONIC at its start
+
+
 class _Worker:
-    """One `python -m rm.verifier_pool` process in its own process group."""
+    """One `python -m rm.verifier_pool` process in its own process group, and a 24-byte shared
+    page where it notes which call it is running and since when (so results can travel one line
+    per chunk while the parent still knows each call's start)."""
 
     def __init__(self, plugins: dict[str, str]):
+        fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
+        os.ftruncate(fd, PROGRESS.size)
+        self.progress = mmap.mmap(fd, PROGRESS.size)
+        os.close(fd)
         env = {**os.environ, "BRADLEY_VERIFIER_PLUGINS": json.dumps(plugins),
+               "BRADLEY_VERIFIER_PROGRESS": path,
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
-        self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_pool"], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     start_new_session=True, bufsize=0)
-        self.fd, self.buffer = self.proc.stdout.fileno(), b""
-        ready = self.read_line(START_TIMEOUT_S)
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_pool"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         start_new_session=True, bufsize=0)
+            self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
+            ready = self.read_line(START_TIMEOUT_S)
+        finally:
+            os.unlink(path)  # both sides hold the mapping; nothing is left on disk
         if ready != {"ready": True}:
             self.kill()
             raise RuntimeError(f"verifier worker did not start (got {ready!r}); see its stderr")
 
-    def send(self, calls: list[Call]) -> None:
-        self.proc.stdin.write(json.dumps(calls).encode() + b"\n")
+    def send(self, calls: list[Call]) -> int:
+        self.seq += 1
+        self.proc.stdin.write(json.dumps([self.seq, calls]).encode() + b"\n")
+        return self.seq
+
+    def running(self, seq: int) -> tuple[int, float] | None:
+        """(index, start) of the call of chunk `seq` in progress; None before the chunk starts."""
+        at, index, started = PROGRESS.unpack_from(self.progress, 0)
+        return (index, started) if at == seq else None
 
     def read_line(self, timeout: float):
         """The next JSON line, None at the deadline, EOFError when the worker is gone."""
         deadline = time.monotonic() + timeout
         while b"\n" not in self.buffer:
-            left = deadline - time.monotonic()
-            if left <= 0 or not select.select([self.fd], [], [], left)[0]:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
                 return None
-            data = os.read(self.fd, 1 << 16)
+            data = os.read(self.fd, 1 << 20)
             if not data:
                 raise EOFError("verifier worker exited")
             self.buffer += data
@@ -112,12 +143,16 @@ class _Worker:
                 stream.close()
             except OSError:
                 pass
+        self.progress.close()
+
+
+_SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class VerifierPool:
     def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
                  plugins: dict[str, str] | None = None,
-                 on_status: Callable[[str, str], None] | None = None, chunk: int = CHUNK):
+                 on_status: Callable[[str, str, int], None] | None = None, chunk: int = CHUNK):
         if workers < 1 or timeout_s <= 0:
             raise ValueError("workers must be >= 1 and timeout_s > 0")
         self.n_workers, self.timeout_s, self.chunk = workers, timeout_s, chunk
@@ -150,7 +185,8 @@ class VerifierPool:
         if not calls:
             request.future.set_result(out)
         for start in starts:
-            self._jobs.put(_Job(calls[start:start + self.chunk], out, start, request))
+            where = range(start, min(start + self.chunk, len(calls)))
+            self._jobs.put(_Job([calls[i] for i in where], where, request))
         return request.future
 
     def verify(self, calls: Sequence[Call]) -> list[Verdict]:
@@ -192,10 +228,9 @@ class VerifierPool:
             try:
                 self._run(slot, job)
             except Exception as exc:  # worker would not start: answer, do not hang the request
-                for i in range(len(job.calls)):
-                    if job.out[job.start + i] is None:
-                        job.out[job.start + i] = self._note(
-                            job.calls[i][0], Verdict(0.0, None, False, "error", detail=str(exc)[:300]))
+                why = Verdict(0.0, None, False, "error", detail=str(exc)[:300])
+                self._answer(job, {i: why for i in range(len(job.calls))
+                                   if job.request.out[job.where[i]] is None})
             job.request.chunk_done()
             if self._workers[slot] is None and not self._closed:
                 self._spawn(slot)
@@ -206,38 +241,58 @@ class VerifierPool:
         return self._workers[slot]
 
     def _run(self, slot: int, job: _Job) -> None:
-        pending = list(range(len(job.calls)))
-        while pending:
-            worker = self._worker(slot)
-            worker.send([list(job.calls[i]) for i in pending])
-            while pending:
-                i = pending[0]
-                try:
-                    line = worker.read_line(self.timeout_s)
-                except EOFError:
-                    line = Verdict(0.0, None, False, "error", detail="verifier worker died")
-                if line is None:
-                    line = Verdict(0.0, None, False, "timeout",
-                                   detail=f"over the {self.timeout_s:g} s limit; worker replaced")
-                if isinstance(line, Verdict):  # this worker is done for: replace it, go on
-                    self._replace(slot)
-                    job.out[job.start + i] = self._note(job.calls[i][0], line)
-                    pending.pop(0)
-                    break
-                job.out[job.start + i] = self._note(job.calls[i][0], Verdict(*line))
-                pending.pop(0)
+        """Send the chunk, wait for its one result line. The deadline follows the call in
+        progress: when the wait ends without an answer, the shared page says which call runs and
+        since when; only a call running past the limit gets the worker killed."""
+        worker = self._worker(slot)
+        seq = worker.send([list(c) for c in job.calls])
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                line = worker.read_line(max(0.0, deadline - time.monotonic()))
+            except EOFError:
+                return self._lost(slot, job, worker.running(seq), "error", "verifier worker died")
+            if line is not None:
+                self._answer(job, {i: Verdict(*v) for i, v in enumerate(line[1])})
+                return None
+            running = worker.running(seq)
+            now = time.monotonic()
+            if running is None:  # not started yet (the clock runs from the start)
+                deadline = now + self.timeout_s
+            elif running[1] + self.timeout_s > now:
+                deadline = running[1] + self.timeout_s
+            else:
+                return self._lost(slot, job, running, "timeout",
+                                  f"over the {self.timeout_s:g} s limit; worker replaced")
+
+    def _lost(self, slot: int, job: _Job, running, status: str, detail: str) -> None:
+        """Kill the worker; the call it was running gets `status`; the chunk's other calls (their
+        results died with it) go back on the queue for whichever worker is free first."""
+        self._replace(slot)
+        culprit = running[0] if running is not None else 0
+        self._answer(job, {culprit: Verdict(0.0, None, False, status, detail=detail)})
+        rest = [i for i in range(len(job.calls)) if i != culprit]
+        if rest:
+            job.request.add_chunk()
+            self._jobs.put(_Job([job.calls[i] for i in rest], [job.where[i] for i in rest],
+                                job.request))
+
+    def _answer(self, job: _Job, verdicts: dict[int, Verdict]) -> None:
+        seen: Counter = Counter()
+        for i, verdict in verdicts.items():
+            job.request.out[job.where[i]] = verdict
+            seen[job.calls[i][0], verdict.status] += 1
+        with self._lock:
+            for (name, status), n in seen.items():
+                self.counts[status] += n
+                if self.on_status is not None:
+                    self.on_status(name, status, n)
 
     def _replace(self, slot: int) -> None:
         worker, self._workers[slot] = self._workers[slot], None
         if worker is not None:
             worker.kill()
         self.restarts += 1
-
-    def _note(self, name: str, verdict: Verdict) -> Verdict:
-        self.counts[verdict.status] += 1
-        if self.on_status is not None:
-            self.on_status(name, verdict.status)
-        return verdict
 
     def close(self) -> None:
         with self._lock:
@@ -279,14 +334,19 @@ def worker_main() -> None:
     out = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    with open(os.environ["BRADLEY_VERIFIER_PROGRESS"], "r+b") as f:
+        progress = mmap.mmap(f.fileno(), PROGRESS.size)
     _load_plugins()
     _warm_up()
     out.write(b'{"ready": true}\n')
     for line in sys.stdin.buffer:
-        for name, response, ground_truth, options in json.loads(line):
+        seq, calls = json.loads(line)
+        results = []
+        for index, (name, response, ground_truth, options) in enumerate(calls):
+            PROGRESS.pack_into(progress, 0, seq, index, time.monotonic())
             v = run_verifier(name, response, ground_truth, options)
-            out.write(json.dumps([v.reward, v.correct, v.format_ok, v.status, v.extracted,
-                                  v.detail]).encode() + b"\n")
+            results.append([v.reward, v.correct, v.format_ok, v.status, v.extracted, v.detail])
+        out.write(json.dumps([seq, results]).encode() + b"\n")
 
 
 if __name__ == "__main__":

@@ -118,8 +118,8 @@ class Metrics:
         self._moments = merge_moments(self._moments, [len(t) for t in responses], scores)
         self.length_corr.set(pearson(self._moments))
 
-    def on_verdict(self, verifier: str, status: str) -> None:
-        self.verifier_calls.labels(verifier, status).inc()
+    def on_verdict(self, verifier: str, status: str, n: int = 1) -> None:
+        self.verifier_calls.labels(verifier, status).inc(n)
 
     def on_group_stats(self, stats: dict) -> None:
         for kind, key in GROUP_GAUGES.items():
