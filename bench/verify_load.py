@@ -65,17 +65,40 @@ def math_items(problems: list[dict]) -> list[dict]:
     return items
 
 
-def in_process(items: list[dict], seconds: float) -> float:
-    """Items/s of a plain loop over the verifiers in this process (at least `seconds` long)."""
+def in_process(items: list[dict], seconds: float) -> tuple[float, float]:
+    """(items/s, CPU µs per item) of a plain loop over the verifiers in this process."""
     from rm.verifiers import run_verifier
 
     run_verifier(items[0]["verifier"], items[0]["response"], items[0]["ground_truth"])  # imports
-    done, started = 0, time.perf_counter()
+    done, started, cpu = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds:
         for item in items:
             run_verifier(item["verifier"], item["response"], item["ground_truth"])
         done += len(items)
-    return done / (time.perf_counter() - started)
+    return done / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu) / done
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live descendants (the verifier workers)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        tree, grew = tree | more, bool(more)
+    total = 0.0
+    for p in tree:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 async def _client(port: int, bodies: list[bytes], out: dict) -> None:
@@ -107,20 +130,24 @@ async def _client(port: int, bodies: list[bytes], out: dict) -> None:
         writer.close()
 
 
-def drive(port: int, bodies: list[bytes], items_per_request: int) -> dict:
+def drive(port: int, bodies: list[bytes], items_per_request: int, pid: int) -> dict:
     out: dict = {"latencies": [], "errors": [], "statuses": {}, "timeout_latencies": []}
 
     async def main():
         await asyncio.gather(*(_client(port, bodies[c::CLIENTS], out) for c in range(CLIENTS)
                                if bodies[c::CLIENTS]))
 
-    started = time.perf_counter()
+    started, cpu, own = time.perf_counter(), tree_cpu_seconds(pid), time.process_time()
     asyncio.run(main())
     seconds = time.perf_counter() - started
+    cpu, own = tree_cpu_seconds(pid) - cpu, time.process_time() - own
+    n_items = len(bodies) * items_per_request
     lat = sorted(out["latencies"])
     pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
     return {"requests": len(bodies), "items_per_s": round(len(bodies) * items_per_request / seconds, 1),
             "p50_ms": pick(0.5), "p99_ms": pick(0.99), "http_errors": len(out["errors"]),
+            "server_cpu_us_per_item": round(1e6 * cpu / n_items, 1),
+            "client_cpu_us_per_item": round(1e6 * own / n_items, 1),
             "statuses": out["statuses"],
             "timeout_latency_s": [round(x, 2) for x in sorted(out["timeout_latencies"])]}
 
@@ -174,29 +201,38 @@ def main() -> None:
     requests = {"gsm8k": int(1500 * args.scale), "math": int(60 * args.scale)}
     result: dict = {"bench": "verify_load", "clients": CLIENTS, "items_per_request": args.items,
                     "cores": len(os.sched_getaffinity(0))}
-    for name, items in sets.items():
-        result[name] = {"inprocess_items_per_s": round(in_process(items, 3.0), 1)}
     with tempfile.TemporaryDirectory() as tmp:
         port = free_port()
         server = start_server(port, str(Path(tmp) / "bench.duckdb"))
         try:
             for name, items in sets.items():
-                drive(port, bodies_of(items, CLIENTS, args.items), args.items)  # warm-up
-                served = drive(port, bodies_of(items, requests[name], args.items), args.items)
-                served["verify_ratio_vs_inprocess"] = round(
-                    served["items_per_s"] / result[name]["inprocess_items_per_s"], 3)
-                result[name].update(served)
-            result["timeout_path"] = timeout_path(port, sets["gsm8k"], requests["gsm8k"], args.items)
+                result[name] = phase(port, server.pid, items, requests[name], args.items)
+            result["timeout_path"] = timeout_path(port, server.pid, sets["gsm8k"],
+                                                  requests["gsm8k"], args.items)
         finally:
             server.terminate()
             server.wait(timeout=60)
+    result["load_average_1m"] = os.getloadavg()[0]
     result["verify_ratio_vs_inprocess"] = result["gsm8k"]["verify_ratio_vs_inprocess"]
     result["errors"] = sum(result[k]["http_errors"] + result[k]["statuses"].get("error", 0)
                            for k in ("gsm8k", "math", "timeout_path"))
     print(json.dumps(result))
 
 
-def timeout_path(port: int, items: list[dict], requests: int, per_request: int) -> dict:
+def phase(port: int, pid: int, items: list[dict], requests: int, per_request: int) -> dict:
+    """In-process before and after the served run (the better one counts: the machine is shared),
+    the served run, and their ratios: wall-clock items/s and CPU per item."""
+    before = in_process(items, 3.0)
+    drive(port, bodies_of(items, CLIENTS, per_request), per_request, pid)  # warm-up
+    served = drive(port, bodies_of(items, requests, per_request), per_request, pid)
+    best = max(before, in_process(items, 3.0))
+    served.update(inprocess_items_per_s=round(best[0], 1), inprocess_cpu_us_per_item=round(best[1], 1),
+                  verify_ratio_vs_inprocess=round(served["items_per_s"] / best[0], 3),
+                  cpu_ratio_vs_inprocess=round(best[1] / served["server_cpu_us_per_item"], 3))
+    return served
+
+
+def timeout_path(port: int, pid: int, items: list[dict], requests: int, per_request: int) -> dict:
     """The gsm8k load with 4 requests that each carry one catastrophically backtracking regex."""
     bodies = bodies_of(items, requests, per_request)
     step = len(bodies) // 4
@@ -205,7 +241,7 @@ def timeout_path(port: int, items: list[dict], requests: int, per_request: int) 
         value["items"][0] = REDOS
         bodies[i * step + step // 2] = json.dumps(value).encode()
     before = metric(port, 'bradley_verifier_calls_total{status="timeout"')
-    out = drive(port, bodies, per_request)
+    out = drive(port, bodies, per_request, pid)
     out["metrics_timeouts"] = metric(port, 'bradley_verifier_calls_total{status="timeout"') - before
     return out
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
 import json
 import logging
 import mmap
@@ -159,7 +160,10 @@ class VerifierPool:
         self.plugins, self.on_status = dict(plugins or {}), on_status
         self.counts: Counter = Counter()
         self.restarts = 0
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        # (priority, order, job): calls sent back after a timeout jump the queue (0), new chunks
+        # wait their turn (1), the stop signals come last (2).
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
         self._threads: list[threading.Thread] = []
         self._workers: list[_Worker | None] = [None] * workers
         self._ready = [threading.Event() for _ in range(workers)]
@@ -186,7 +190,7 @@ class VerifierPool:
             request.future.set_result(out)
         for start in starts:
             where = range(start, min(start + self.chunk, len(calls)))
-            self._jobs.put(_Job([calls[i] for i in where], where, request))
+            self._put(1, _Job([calls[i] for i in where], where, request))
         return request.future
 
     def verify(self, calls: Sequence[Call]) -> list[Verdict]:
@@ -224,7 +228,7 @@ class VerifierPool:
 
     def _serve(self, slot: int) -> None:
         self._spawn(slot)
-        while (job := self._jobs.get()) is not None:
+        while (job := self._jobs.get()[2]) is not None:
             try:
                 self._run(slot, job)
             except Exception as exc:  # worker would not start: answer, do not hang the request
@@ -274,8 +278,11 @@ class VerifierPool:
         rest = [i for i in range(len(job.calls)) if i != culprit]
         if rest:
             job.request.add_chunk()
-            self._jobs.put(_Job([job.calls[i] for i in rest], [job.where[i] for i in rest],
+            self._put(0, _Job([job.calls[i] for i in rest], [job.where[i] for i in rest],
                                 job.request))
+
+    def _put(self, priority: int, job: _Job | None) -> None:
+        self._jobs.put((priority, next(self._order), job))
 
     def _answer(self, job: _Job, verdicts: dict[int, Verdict]) -> None:
         seen: Counter = Counter()
@@ -299,7 +306,7 @@ class VerifierPool:
             self._closed = True
             threads, self._threads = self._threads, []
         for _ in threads:
-            self._jobs.put(None)
+            self._put(2, None)
         for thread in threads:
             thread.join(timeout=10)
         for slot in range(self.n_workers):

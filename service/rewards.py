@@ -100,7 +100,8 @@ def _ground_truth(value, where: str, limits):
     return check_text(value, where, limits)
 
 
-def _verifier(item: dict, where: str, default: str, names: set[str]) -> tuple[str, dict | None]:
+def _verifier(item: dict, where: str, default: str, names: set[str], checked: set[str]
+              ) -> tuple[str, dict | None]:
     spec, options = item.get("verifier"), None
     if isinstance(spec, dict):
         options = {k: v for k, v in spec.items() if k != "name"}
@@ -116,7 +117,9 @@ def _verifier(item: dict, where: str, default: str, names: set[str]) -> tuple[st
         name = resolve(spec, source) if spec is not None or source is not None else default
     except VerifierError as exc:
         raise PayloadError(f"{where}.data_source", str(exc)) from None
-    _available(name, f"{where}.verifier", names)
+    if name not in checked:
+        _available(name, f"{where}.verifier", names)
+        checked.add(name)
     return name, options or None
 
 
@@ -136,13 +139,14 @@ def parse_checks(items: list, limits, names: set[str], default: str,
     """Per item: its Check when it has ground truth (not null, not ""), else None. `where` and
     `truth_field` shape the field names in errors (/get_reward reports `labels[3]`)."""
     checks: list[Check | None] = []
+    checked: set[str] = set()  # verifier names already found available in this request
     for i, item in enumerate(items):
         if not isinstance(item, dict) or item.get("ground_truth") in (None, ""):
             checks.append(None)
             continue
         at = where.format(i=i)
         truth = _ground_truth(item["ground_truth"], truth_field.format(where=at), limits)
-        name, options = _verifier(item, at, default, names)
+        name, options = _verifier(item, at, default, names, checked)
         checks.append(Check(name, truth, options))
     return checks
 
