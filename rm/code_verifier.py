@@ -39,6 +39,7 @@ from rm.verifiers import Verdict
 
 DEFAULT_TIMEOUT_S = 4.0
 DEFAULT_MEMORY_MB = 1024
+MAX_TIMEOUT_S, MAX_MEMORY_MB = 60.0, 4096
 FILE_LIMIT_BYTES = 16 * 1024 * 1024
 
 # Runs inside the child: PEP 578 audit hook, then the program and each test; one JSON line of
@@ -109,6 +110,9 @@ def run_code(response: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
              memory_mb: int = DEFAULT_MEMORY_MB, all_or_nothing: bool = False) -> Verdict:
     """Run `response` (a Python program) and the tests in `ground_truth` under the limits above."""
     tests = _tests(ground_truth)
+    # options come from requests: keep them inside sane bounds whatever is asked
+    timeout_s = min(max(float(timeout_s), 0.1), MAX_TIMEOUT_S)
+    memory_mb = min(max(int(memory_mb), 64), MAX_MEMORY_MB)
     if tests is None:
         return Verdict(0.0, None, False, "unparseable_gold", detail="send a test or a list of tests")
     with tempfile.TemporaryDirectory(prefix="bradley-code-") as workdir:

@@ -95,6 +95,12 @@ def test_code_cannot_write_outside_its_directory(tmp_path):
     assert run_code("import os\nos.system('true')\n", ["assert True"]).reward == 0.0
 
 
+def test_code_options_from_requests_are_bounded():
+    v = run_code("def grab():\n    return bytearray(6 * 1024 ** 3)\n", ["assert grab()"],
+                 memory_mb=10 ** 9)  # asks for a petabyte, gets MAX_MEMORY_MB (4 GiB)
+    assert v.status == "error" and "Memory" in v.detail
+
+
 def test_code_sees_a_clean_environment(monkeypatch):
     monkeypatch.setenv("BRADLEY_API_KEYS", "secret-secret")
     v = run_code("import os\n", ["assert 'BRADLEY_API_KEYS' not in os.environ"])
