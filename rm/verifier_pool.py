@@ -126,7 +126,7 @@ class _Worker:
             left = max(0.0, deadline - time.monotonic())
             if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
                 return None
-            data = os.read(self.fd, 1 << 20)
+            data = os.read(self.fd, 1 << 16)  # below malloc's mmap threshold
             if not data:
                 raise EOFError("verifier worker exited")
             self.buffer += data
