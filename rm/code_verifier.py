@@ -9,7 +9,9 @@ server, nothing more: the program runs as the server's user, in a subprocess wit
   no PYTHON* variables, the script's folder not on sys.path);
 - RLIMIT_AS (memory, default 1 GiB), RLIMIT_CPU (CPU seconds), RLIMIT_FSIZE (largest file written,
   16 MiB) and RLIMIT_NPROC (processes; Linux ignores it for root);
-- its own session and process group, killed with SIGKILL at the wall-clock limit;
+- its own session and process group, killed with SIGKILL at the wall-clock limit (at most the
+  worker pool's limit less 0.5 s), and PR_SET_PDEATHSIG so it dies with the worker if the pool
+  kills that first;
 - an audit hook (PEP 578) that refuses opening files for writing outside the working directory and
   refuses starting processes. Audit hooks are a Python-level tripwire: ctypes, a C extension or a
   bug in the hook gets around them.
@@ -26,6 +28,7 @@ hit: MemoryError, SIGXCPU, SIGXFSZ, or the process died from a signal; reward 0)
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import resource
@@ -88,14 +91,36 @@ out.flush()
 '''
 
 
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux: the kill at the wall-clock limit still holds
+        return None
+
+
+_PRCTL = _prctl()
+PR_SET_PDEATHSIG = 1
+
+
 def _limits(cpu_s: int, memory_mb: int):
     def apply() -> None:  # runs in the child between fork and exec
+        if _PRCTL is not None:  # die with the verifier worker, even when the pool kills it first
+            _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, memory_mb << 20))
         resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
         resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_LIMIT_BYTES, FILE_LIMIT_BYTES))
         resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     return apply
+
+
+def _pool_limit() -> float:
+    """The worker pool's per-call limit (set for its workers): finishing first gives a clean
+    `timeout` verdict with the program's own group killed, rather than the whole worker."""
+    try:
+        return max(float(os.environ.get("BRADLEY_VERIFIER_LIMIT_S", "inf")), 0.6)
+    except ValueError:
+        return float("inf")
 
 
 def _tests(ground_truth) -> list[str] | None:
@@ -111,7 +136,7 @@ def run_code(response: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
     """Run `response` (a Python program) and the tests in `ground_truth` under the limits above."""
     tests = _tests(ground_truth)
     # options come from requests: keep them inside sane bounds whatever is asked
-    timeout_s = min(max(float(timeout_s), 0.1), MAX_TIMEOUT_S)
+    timeout_s = min(max(float(timeout_s), 0.1), MAX_TIMEOUT_S, _pool_limit() - 0.5)
     memory_mb = min(max(int(memory_mb), 64), MAX_MEMORY_MB)
     if tests is None:
         return Verdict(0.0, None, False, "unparseable_gold", detail="send a test or a list of tests")

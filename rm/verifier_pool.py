@@ -89,13 +89,13 @@ class _Worker:
     page where it notes which call it is running and since when (so results can travel one line
     per chunk while the parent still knows each call's start)."""
 
-    def __init__(self, plugins: dict[str, str]):
+    def __init__(self, plugins: dict[str, str], limit_s: float):
         fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
         os.ftruncate(fd, PROGRESS.size)
         self.progress = mmap.mmap(fd, PROGRESS.size)
         os.close(fd)
         env = {**os.environ, "BRADLEY_VERIFIER_PLUGINS": json.dumps(plugins),
-               "BRADLEY_VERIFIER_PROGRESS": path,
+               "BRADLEY_VERIFIER_PROGRESS": path, "BRADLEY_VERIFIER_LIMIT_S": str(limit_s),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_pool"], env=env,
@@ -241,7 +241,7 @@ class VerifierPool:
 
     def _worker(self, slot: int) -> _Worker:
         if self._workers[slot] is None:
-            self._workers[slot] = _Worker(self.plugins)
+            self._workers[slot] = _Worker(self.plugins, self.timeout_s)
         return self._workers[slot]
 
     def _run(self, slot: int, job: _Job) -> None:

@@ -115,3 +115,36 @@ def test_code_through_the_pool_keeps_the_server_process_alive(pool):
     ])
     assert [v.status for v in verdicts] == ["error", "ok", "timeout"]
     assert [v.reward for v in verdicts] == [0.0, 1.0, 0.0]
+
+
+def test_a_program_dies_with_its_worker():
+    """A worker killed mid-call (by the pool at its limit, or at shutdown) takes the program with
+    it (PR_SET_PDEATHSIG). A program that sleeps forever leaves its pid in its working directory."""
+    import glob
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+
+    program = "import os, time\nopen('pid', 'w').write(str(os.getpid()))\ntime.sleep(3600)\n"
+    pattern = os.path.join(tempfile.gettempdir(), "bradley-code-*")
+    before = set(glob.glob(pattern))
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; from rm.code_verifier import "
+                               "run_code; run_code(sys.argv[1], ['assert True'], timeout_s=30)",
+                               program])
+    deadline = time.monotonic() + 20
+    while not (new := [f for f in set(glob.glob(pattern)) - before
+                       if os.path.exists(os.path.join(f, "pid"))]):
+        assert time.monotonic() < deadline and worker.poll() is None
+        time.sleep(0.1)
+    time.sleep(0.2)
+    pid = int(open(os.path.join(new[0], "pid")).read())
+    assert os.path.exists(f"/proc/{pid}")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    time.sleep(0.5)
+    alive = os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
+    shutil.rmtree(new[0], ignore_errors=True)  # its worker died before it could clean up
+    assert not alive, "the program outlived its worker"

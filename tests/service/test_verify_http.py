@@ -137,6 +137,19 @@ def test_bad_verifier_requests_name_the_field(http, body, status, field, monkeyp
     assert (r.status_code, r.json()["field"]) == (status, field)
 
 
+def test_code_over_http_a_memory_bomb_is_an_error_and_the_server_lives_on(http, monkeypatch):
+    monkeypatch.setenv("BRADLEY_ENABLE_CODE_VERIFIER", "1")
+    items = [{"prompt": "p", "response": "def grab():\n    return bytearray(10 * 1024 ** 3)\n",
+              "ground_truth": ["assert grab()"], "verifier": "code"},
+             {"prompt": "p", "response": "def add(a, b):\n    return a + b\n",
+              "ground_truth": ["assert add(1, 2) == 3", "assert add(1, 1) == 3"],
+              "data_source": "openai/openai_humaneval"}]
+    out = http.post("/score", json={"items": items}).json()
+    assert out["status"] == ["error", "ok"] and out["scores"] == [0.0, 0.5]
+    assert http.get("/healthz").status_code == 200
+    assert http.post("/score", json={"items": _items(["#### 10"])}).json()["scores"] == [1.1]
+
+
 def test_no_model_still_answers_verifier_only_requests(tmp_path):
     from service.settings import load_settings
 
