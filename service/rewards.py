@@ -184,17 +184,18 @@ class Combined:
         counts = Counter(v.status for v in self.verdicts if v)
         return {s: counts[s] for s in STATUSES if counts[s]}
 
-    def component_means(self) -> dict[str, float]:
-        """Mean of each component over the items it applies to: rm, and per verifier."""
-        means: dict[str, float] = {}
+    def item_logs(self) -> dict[str, list[float]]:
+        """/get_reward's extra_logs: numbers per item, because OpenRLHF averages each key over the
+        samples it logs. The mean of `verifier_reward` (0 where no verifier applies) and of `rm`
+        are the component means; `status_<s>` is 1.0 where item i got status s, so its mean is
+        that status's share and its sum the count (all five keys, always, for stable charts)."""
+        logs = {"verifier_reward": [v.reward if v else 0.0 for v in self.verdicts]}
         if self.rm is not None:
-            means["rm"] = sum(self.rm) / len(self.rm)
-        sums: dict[str, list[float]] = {}
-        for c, v in zip(self.checks, self.verdicts, strict=True):
-            if c is not None:
-                sums.setdefault(c.verifier, []).append(v.reward)
-        means.update({name: sum(r) / len(r) for name, r in sums.items()})
-        return means
+            logs["rm"] = list(self.rm)
+        for status in STATUSES:
+            logs[f"status_{status}"] = [float(v is not None and v.status == status)
+                                        for v in self.verdicts]
+        return logs
 
     def item_fields(self) -> dict:
         """Per-item verifier results for the /score response."""

@@ -48,27 +48,24 @@ async def get_reward(request: Request) -> JSONResponse:
     """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`. With `labels`
     (ground truth), `rewards` is the combined reward and `scores` the 0/1 correctness (OpenRLHF's
     dynamic filter keeps a prompt when 0 < mean(scores) < 1); items without a verdict score their
-    reward. `extra_logs` adds each component's mean and the count of each verifier status."""
+    reward. `extra_logs` holds numbers per item (see rewards.Combined.item_logs)."""
     svc, value = await _scoring_body(request)
     prompts, responses, single = parse_get_reward(value, svc.limits)
     names = svc.verifiers.names()
     checks = label_checks(value, len(responses), svc.limits, names, svc.settings.default_verifier)
-    lengths = [float(len(r)) for r in responses]
-    extra: dict = {}
+    logs: dict = {"response_chars": [float(len(r)) for r in responses]}
     if any(checks):
         combined = await combine(svc, prompts, responses, checks, None)
         model_id, rewards = combined.model, combined.rewards
         scores = [float(c) if c is not None else r for c, r in zip(combined.correct, rewards,
                                                                     strict=True)]
-        extra = {**{f"mean_{k}": v for k, v in combined.component_means().items()},
-                 **{f"status_{k}": n for k, n in combined.status_counts().items()}}
+        logs.update(combined.item_logs())
     else:
         model_id, rewards = await svc.score(prompts, responses)
         scores = rewards
     if single:
-        rewards, scores, lengths = rewards[0], scores[0], lengths[0]
-    return JSONResponse({"rewards": rewards, "scores": scores,
-                         "extra_logs": {"response_chars": lengths, **extra}},
+        rewards, scores, logs = rewards[0], scores[0], {k: v[0] for k, v in logs.items()}
+    return JSONResponse({"rewards": rewards, "scores": scores, "extra_logs": logs},
                         headers={"X-Bradley-Model": model_id or ""})
 
 

@@ -97,11 +97,14 @@ def test_get_reward_reads_labels(http):
     assert out["rewards"] == pytest.approx([1.1] * 4 + [0.1] * 4)
     assert out["scores"] == [1.0] * 4 + [0.0] * 4
     assert sum(out["scores"][:4]) / 4 == 1.0 and sum(out["scores"][4:]) / 4 == 0.0
-    logs = out["extra_logs"]
-    assert logs["mean_gsm8k"] == pytest.approx(0.6) and logs["status_ok"] == 8
+    logs = out["extra_logs"]  # per item: OpenRLHF averages each key
+    assert logs["verifier_reward"] == pytest.approx([1.1] * 4 + [0.1] * 4)
+    assert sum(logs["verifier_reward"]) / 8 == pytest.approx(0.6)  # the component mean
+    assert logs["status_ok"] == [1.0] * 8 and sum(logs["status_timeout"]) == 0
     single = http.post("/get_reward", json={"query": GSM + " #### 10", "prompts": GSM,
                                             "labels": "10", "data_source": "openai/gsm8k"}).json()
     assert (single["rewards"], single["scores"]) == (pytest.approx(1.1), 1.0)
+    assert single["extra_logs"]["status_ok"] == 1.0
     plain = http.post("/get_reward", json={"query": queries[:2], "prompts": [GSM] * 2}).json()
     assert plain["scores"] == plain["rewards"]  # no labels: the reward model, as before
 
