@@ -79,6 +79,7 @@ class _Job:
 
     def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request):
         self.calls, self.where, self.request = list(calls), list(where), request
+        self.retried = False  # sent again whole after its worker died before starting it
 
 
 PROGRESS = struct.Struct("qqd")  # chunk number, call index within it, CLOCK_MONOTONIC at its start
@@ -249,7 +250,12 @@ class VerifierPool:
         progress: when the wait ends without an answer, the shared page says which call runs and
         since when; only a call running past the limit gets the worker killed."""
         worker = self._worker(slot)
-        seq = worker.send([list(c) for c in job.calls])
+        try:
+            seq = worker.send([list(c) for c in job.calls])
+        except OSError:  # it died between chunks (e.g. the OOM killer): a fresh one, once
+            self._replace(slot)
+            worker = self._worker(slot)
+            seq = worker.send([list(c) for c in job.calls])
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
@@ -273,13 +279,17 @@ class VerifierPool:
         """Kill the worker; the call it was running gets `status`; the chunk's other calls (their
         results died with it) go back on the queue for whichever worker is free first."""
         self._replace(slot)
-        culprit = running[0] if running is not None else 0
-        self._answer(job, {culprit: Verdict(0.0, None, False, status, detail=detail)})
+        if running is None and not job.retried:  # it died before starting: nobody to blame
+            culprit = None
+        else:
+            culprit = running[0] if running is not None else 0
+            self._answer(job, {culprit: Verdict(0.0, None, False, status, detail=detail)})
         rest = [i for i in range(len(job.calls)) if i != culprit]
         if rest:
             job.request.add_chunk()
-            self._put(0, _Job([job.calls[i] for i in rest], [job.where[i] for i in rest],
-                                job.request))
+            again = _Job([job.calls[i] for i in rest], [job.where[i] for i in rest], job.request)
+            again.retried = culprit is None
+            self._put(0, again)
 
     def _put(self, priority: int, job: _Job | None) -> None:
         self._jobs.put((priority, next(self._order), job))

@@ -148,3 +148,18 @@ def test_a_program_dies_with_its_worker():
     alive = os.path.exists(f"/proc/{pid}") and "Z" not in open(f"/proc/{pid}/stat").read().split()[2]
     shutil.rmtree(new[0], ignore_errors=True)  # its worker died before it could clean up
     assert not alive, "the program outlived its worker"
+
+
+def test_a_worker_killed_between_calls_costs_nothing():
+    """The OOM killer (or an operator) takes an idle worker: the next chunk is sent again whole to
+    a fresh one, and no call is blamed for a death it did not cause."""
+    import os
+    import signal
+
+    with VerifierPool(workers=1, timeout_s=5.0) as pool:
+        assert pool.wait_ready()
+        os.kill(pool._workers[0].proc.pid, signal.SIGKILL)
+        time.sleep(0.3)
+        verdicts = pool.verify([("gsm8k", "#### 10", 10, None), ("exact", "a", "a", None)])
+        assert [v.status for v in verdicts] == ["ok", "ok"]
+        assert pool.counts["error"] == 0 and pool.restarts == 1
