@@ -89,7 +89,10 @@ def _gold_number(ground_truth) -> float | None:
     if isinstance(ground_truth, bool):
         return None
     if isinstance(ground_truth, int | float):
-        return float(ground_truth) if _math.isfinite(ground_truth) else None
+        try:
+            return float(ground_truth) if _math.isfinite(ground_truth) else None
+        except OverflowError:  # an integer beyond any float
+            return None
     if not isinstance(ground_truth, str):
         return None
     if MARKER in ground_truth:

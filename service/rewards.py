@@ -81,16 +81,24 @@ def parse_weights(value, names: set[str]) -> dict[str, float] | None:
     for key, w in value.items():
         if key != "rm" and key not in names:
             raise PayloadError(f"weights.{key}", f"unknown component; use rm or one of {sorted(names)}")
-        if isinstance(w, bool) or not isinstance(w, int | float) or not math.isfinite(w):
+        if isinstance(w, bool) or not isinstance(w, int | float) or not _finite(w):
             raise PayloadError(f"weights.{key}", "must be a finite number")
     return {k: float(w) for k, w in value.items()}
+
+
+def _finite(x) -> bool:
+    """A finite float, or an int that fits one (JSON allows 1e999 and 400-digit integers)."""
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
 
 
 def _ground_truth(value, where: str, limits):
     if isinstance(value, bool):
         raise PayloadError(where, "must be a string, a number or a list of test strings, not bool")
     if isinstance(value, int | float):
-        if not math.isfinite(value):
+        if not _finite(value):
             raise PayloadError(where, "must be a finite number")
         return value
     if isinstance(value, list):

@@ -1,4 +1,5 @@
-"""Routes for trainers and operators: /score, /get_reward (OpenRLHF), models, health, metrics."""
+"""Routes for trainers and operators: /score, /get_reward (OpenRLHF), models, health, metrics.
+Who may call each is declared in its signature (`service.deps`)."""
 
 from __future__ import annotations
 
@@ -6,30 +7,25 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
-from service.http import check_key, read_body
-from service.payloads import decode_json, parse_get_reward, parse_score
+from service.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
+from service.payloads import parse_get_reward, parse_score
 from service.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
 
 router = APIRouter()
+PUBLIC_MODEL_FIELDS = ("id", "kind", "base_model", "created_at", "active")  # no paths, no configs
 
 
 def _service(request: Request):
     return request.app.state.service
 
 
-async def _scoring_body(request: Request):
-    svc = _service(request)
-    if svc.settings.score_requires_key:
-        check_key(request, svc.settings.api_keys)
-    return svc, decode_json(await read_body(request, svc.settings.max_body_bytes))
-
-
 @router.post("/score")
-async def score(request: Request) -> JSONResponse:
-    svc, value = await _scoring_body(request)
-    req = parse_score(value, svc.limits)
+async def score(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
+    svc = _service(request)
+    limits = svc.limits_for(caller)
+    req = parse_score(value, limits)
     names = svc.verifiers.names()
-    checks = parse_checks(value["items"], svc.limits, names, svc.settings.default_verifier)
+    checks = parse_checks(value["items"], limits, names, svc.settings.default_verifier)
     weights = parse_weights(value.get("weights"), names)
     if any(checks) or weights is not None:
         combined = await combine(svc, req.prompts, req.responses, checks, weights)
@@ -44,15 +40,16 @@ async def score(request: Request) -> JSONResponse:
 
 
 @router.post("/get_reward")
-async def get_reward(request: Request) -> JSONResponse:
+async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
     """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`. With `labels`
     (ground truth), `rewards` is the combined reward and `scores` the 0/1 correctness (OpenRLHF's
     dynamic filter keeps a prompt when 0 < mean(scores) < 1); items without a verdict score their
     reward. `extra_logs` holds numbers per item (see rewards.Combined.item_logs)."""
-    svc, value = await _scoring_body(request)
-    prompts, responses, single = parse_get_reward(value, svc.limits)
+    svc = _service(request)
+    limits = svc.limits_for(caller)
+    prompts, responses, single = parse_get_reward(value, limits)
     names = svc.verifiers.names()
-    checks = label_checks(value, len(responses), svc.limits, names, svc.settings.default_verifier)
+    checks = label_checks(value, len(responses), limits, names, svc.settings.default_verifier)
     logs: dict = {"response_chars": [float(len(r)) for r in responses]}
     if any(checks):
         combined = await combine(svc, prompts, responses, checks, None)
@@ -70,20 +67,23 @@ async def get_reward(request: Request) -> JSONResponse:
 
 
 @router.get("/models")
-async def list_models(request: Request) -> JSONResponse:
-    return JSONResponse({"models": await _service(request).models()})
+async def list_models(request: Request, caller: Viewer) -> JSONResponse:
+    """Every registered model; without a key only ids, kinds and which one is active (paths and
+    training configs describe the operator's machine and data)."""
+    models = await _service(request).models()
+    if not caller.keyed:
+        models = [{k: m[k] for k in PUBLIC_MODEL_FIELDS if k in m} for m in models]
+    return JSONResponse({"models": models})
 
 
 @router.post("/models/{model_id}/load")
-async def load_model(model_id: str, request: Request) -> JSONResponse:
-    svc = _service(request)
-    check_key(request, svc.settings.api_keys)
-    loaded = await svc.load_model(model_id)
+async def load_model(model_id: str, request: Request, caller: Keyed) -> JSONResponse:
+    loaded = await _service(request).load_model(model_id)
     return JSONResponse({"model": loaded.id, "path": loaded.path, "active": True})
 
 
 @router.get("/healthz")
-async def healthz(request: Request) -> JSONResponse:
+async def healthz() -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
@@ -97,5 +97,11 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, caller: MetricsViewer) -> Response:
     return Response(_service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request, caller: Keyed) -> JSONResponse:
+    """The API schema lists every route and field: for operators, so behind the key."""
+    return JSONResponse(request.app.openapi())

@@ -133,6 +133,9 @@ def test_a_hanging_verifier_answers_in_time_and_is_counted(http):
     ({"items": _items(["x"]), "weights": {"rm": "1"}}, 422, "weights.rm"),
     ({"items": _items(["x"], truth=True)}, 422, "items[0].ground_truth"),
     ({"items": _items(["x"]), "std_ddof": 2}, 422, "std_ddof"),
+    ({"items": _items(["x"], truth=10 ** 400)}, 422, "items[0].ground_truth"),
+    ({"items": _items(["x"]), "weights": {"rm": 10 ** 400}}, 422, "weights.rm"),
+    ({"items": _items(["x"], verifier={"name": "gsm8k", "partial": [1]})}, 422, "items[0].verifier"),
 ])
 def test_bad_verifier_requests_name_the_field(http, body, status, field, monkeypatch):
     monkeypatch.delenv("BRADLEY_ENABLE_CODE_VERIFIER", raising=False)
