@@ -97,6 +97,9 @@ class Metrics:
                                   "accuracy), and its predictions (kind=predicted: p^G + (1-p)^G "
                                   "from mean accuracy; predicted_per_prompt: from running pass "
                                   "rates)", ["kind"], registry=r)
+        self.get_reward_splits = Counter(
+            "bradley_get_reward_splits", "/get_reward queries by how they were split into prompt and "
+            "response (unsplit: scored as a response without its prompt)", ["how"], registry=r)
         self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
         self.started.set(time.time())
         self._moments = Moments()

@@ -4,8 +4,10 @@
 An item may carry `ground_truth` (a string, a number, or a list of tests for `code`) and name its
 checker with `verifier` (a name, or `{"name": ..., **options}`) or `data_source` (verl's field; the
 map is `rm.verifiers.DATA_SOURCES`: openai/gsm8k -> gsm8k, HuggingFaceH4/MATH-500 -> math,
-openai/openai_humaneval -> code, ...). Ground truth with neither uses BRADLEY_DEFAULT_VERIFIER
-(gsm8k).
+openai/openai_humaneval -> code, ...). A data source that is not in the map has no checker here:
+the reward model judges the item. Ground truth with neither uses BRADLEY_DEFAULT_VERIFIER (unset:
+no verifier, so OpenRLHF's `labels` and verl's ground truth leave a plain reward-model server as it
+was; set it, e.g. to gsm8k, to grade label-only protocols).
 
     reward_i = w_rm * rm_i + w_k * verifier_k(response_i, ground_truth_i)
 
@@ -28,7 +30,15 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 
-from rm.verifiers import STATUSES, VERIFIERS, Verdict, VerifierError, available, resolve
+from rm.verifiers import (
+    DATA_SOURCES,
+    STATUSES,
+    VERIFIERS,
+    Verdict,
+    VerifierError,
+    available,
+    resolve,
+)
 from service.advantages import group_advantages, group_stats, keep_flags
 from service.payloads import PayloadError, check_text
 
@@ -109,7 +119,7 @@ def _ground_truth(value, where: str, limits):
 
 
 def _verifier(item: dict, where: str, default: str, names: set[str], checked: set[str]
-              ) -> tuple[str, dict | None]:
+              ) -> tuple[str | None, dict | None]:
     spec, options = item.get("verifier"), None
     if isinstance(spec, dict):
         options = {k: v for k, v in spec.items() if k != "name"}
@@ -121,10 +131,11 @@ def _verifier(item: dict, where: str, default: str, names: set[str], checked: se
     source = item.get("data_source")
     if source is not None and not isinstance(source, str):
         raise PayloadError(f"{where}.data_source", "must be a string")
-    try:
-        name = resolve(spec, source) if spec is not None or source is not None else default
-    except VerifierError as exc:
-        raise PayloadError(f"{where}.data_source", str(exc)) from None
+    if spec is None and source is not None and source not in DATA_SOURCES:
+        return None, None  # a dataset this server has no checker for: the reward model judges it
+    name = resolve(spec, source) if spec is not None or source is not None else (default or None)
+    if name is None:
+        return None, None
     if name not in checked:
         _available(name, f"{where}.verifier", names)
         checked.add(name)
@@ -155,7 +166,7 @@ def parse_checks(items: list, limits, names: set[str], default: str,
         at = where.format(i=i)
         truth = _ground_truth(item["ground_truth"], truth_field.format(where=at), limits)
         name, options = _verifier(item, at, default, names, checked)
-        checks.append(Check(name, truth, options))
+        checks.append(Check(name, truth, options) if name is not None else None)
     return checks
 
 

@@ -47,20 +47,25 @@ async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONR
     reward. `extra_logs` holds numbers per item (see rewards.Combined.item_logs)."""
     svc = _service(request)
     limits = svc.limits_for(caller)
-    prompts, responses, single = parse_get_reward(value, limits)
+    req = parse_get_reward(value, limits)
     names = svc.verifiers.names()
-    checks = label_checks(value, len(responses), limits, names, svc.settings.default_verifier)
-    logs: dict = {"response_chars": [float(len(r)) for r in responses]}
+    checks = label_checks(value, len(req.queries), limits, names, svc.settings.default_verifier)
     if any(checks):
-        combined = await combine(svc, prompts, responses, checks, None)
+        splits = await svc.split_queries(req)
+        combined = await combine(svc, [s.prompt for s in splits], [s.response for s in splits],
+                                 checks, None)
         model_id, rewards = combined.model, combined.rewards
         scores = [float(c) if c is not None else r for c, r in zip(combined.correct, rewards,
                                                                     strict=True)]
-        logs.update(combined.item_logs())
     else:
-        model_id, rewards = await svc.score(prompts, responses)
+        model_id, rewards, splits = await svc.get_reward(req)
         scores = rewards
-    if single:
+    # extra_logs: numbers per item (OpenRLHF averages each key); unsplit 1.0 = scored without prompt
+    logs = {"response_chars": [float(len(s.response)) for s in splits],
+            "unsplit": [float(s.how == "unsplit") for s in splits]}
+    if any(checks):
+        logs.update(combined.item_logs())
+    if req.single:
         rewards, scores, logs = rewards[0], scores[0], {k: v[0] for k, v in logs.items()}
     return JSONResponse({"rewards": rewards, "scores": scores, "extra_logs": logs},
                         headers={"X-Bradley-Model": model_id or ""})

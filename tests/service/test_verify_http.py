@@ -16,12 +16,14 @@ GSM = "How many apples are left?"
 
 @pytest.fixture(scope="module")
 def vlive(tmp_path_factory, tiny_models):
-    """rm-tiny-a plus verifiers, a 2 s verifier limit and a hanging test checker."""
+    """rm-tiny-a plus verifiers, a 2 s verifier limit, a hanging test checker, and gsm8k for
+    ground truth that names no verifier (BRADLEY_DEFAULT_VERIFIER)."""
     from service.settings import load_settings
 
     db = make_db(tmp_path_factory.mktemp("vlive") / "v.duckdb", tiny_models)
     settings = load_settings(db=db, model="rm-tiny-a", port=free_port(), device="cpu",
-                             verifier_timeout_s=2.0, verifier_plugins=PLUGINS)
+                             verifier_timeout_s=2.0, verifier_plugins=PLUGINS,
+                             default_verifier="gsm8k")
     server = start_live(settings)
     assert server.service.verifiers.wait_ready()
     yield server
@@ -58,6 +60,13 @@ def test_weights_combine_rm_and_verifier(http):
     assert both["scores"] == pytest.approx([rm_only[0] + 1.1, rm_only[1] + 0.1], abs=1e-5)
     half = http.post("/score", json={"items": items, "weights": {"rm": 0.5, "gsm8k": 2}}).json()
     assert half["scores"] == pytest.approx([0.5 * rm_only[0] + 2.2, 0.5 * rm_only[1] + 0.2], abs=1e-5)
+
+
+def test_a_data_source_without_a_checker_is_left_to_the_reward_model(http):
+    items = _items(["#### 10"], data_source="my/own-data")
+    out = http.post("/score", json={"items": items}).json()
+    rm = http.post("/score", json={"items": [{"prompt": GSM, "response": "#### 10"}]}).json()
+    assert out["scores"] == pytest.approx(rm["scores"], abs=1e-6) and "verifier" not in out
 
 
 def test_dynamic_sampling_and_group_stats(http, vlive):
@@ -127,7 +136,6 @@ def test_a_hanging_verifier_answers_in_time_and_is_counted(http):
 
 @pytest.mark.parametrize(("body", "status", "field"), [
     ({"items": _items(["x"], verifier="gsm9k")}, 422, "items[0].verifier"),
-    ({"items": _items(["x"], data_source="my/data")}, 422, "items[0].data_source"),
     ({"items": _items(["x"], verifier="code")}, 501, "items[0].verifier"),
     ({"items": _items(["x"]), "weights": {"bogus": 1}}, 422, "weights.bogus"),
     ({"items": _items(["x"]), "weights": {"rm": "1"}}, 422, "weights.rm"),
@@ -160,7 +168,7 @@ def test_no_model_still_answers_verifier_only_requests(tmp_path):
     from service.settings import load_settings
 
     server = start_live(load_settings(db=str(tmp_path / "empty.duckdb"), port=free_port(),
-                                      verifier_workers=1))
+                                      verifier_workers=1, default_verifier="gsm8k"))
     try:
         with httpx.Client(base_url=server.url, timeout=60) as client:
             r = client.post("/score", json={"items": _items(["#### 10"])})
