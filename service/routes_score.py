@@ -57,14 +57,13 @@ async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONR
         model_id, rewards = combined.model, combined.rewards
         scores = [float(c) if c is not None else r for c, r in zip(combined.correct, rewards,
                                                                     strict=True)]
+        verdict_logs = combined.item_logs()
     else:
         model_id, rewards, splits = await svc.get_reward(req)
-        scores = rewards
+        scores, verdict_logs = rewards, {}
     # extra_logs: numbers per item (OpenRLHF averages each key); unsplit 1.0 = scored without prompt
     logs = {"response_chars": [float(len(s.response)) for s in splits],
-            "unsplit": [float(s.how == "unsplit") for s in splits]}
-    if any(checks):
-        logs.update(combined.item_logs())
+            "unsplit": [float(s.how == "unsplit") for s in splits], **verdict_logs}
     if req.single:
         rewards, scores, logs = rewards[0], scores[0], {k: v[0] for k, v in logs.items()}
     return JSONResponse({"rewards": rewards, "scores": scores, "extra_logs": logs},
