@@ -1,5 +1,7 @@
-"""HTTP plumbing shared by the routes: bounded body reading, bearer-key checks, and the one place
-where library errors become `{"error": ..., "field": ...}` responses (never a traceback).
+"""HTTP plumbing shared by the routes: bounded body reading, bearer-key checks (routes reach both
+through `service.deps`), and the one place where library errors become `{"error": ..., "field": ...}`
+responses (never a traceback): the exception handlers for known errors, and `SafetyNet` for the rest,
+so that every request ends in a complete response on a connection the client can go on using.
 """
 
 from __future__ import annotations
@@ -75,6 +77,24 @@ def check_key(request: Request, keys: tuple[str, ...]) -> None:
     matches = [hmac.compare_digest(given_bytes, key.encode()) for key in keys]
     if not any(matches):
         raise WrongKey("invalid API key; use one of the keys in the server's BRADLEY_API_KEYS")
+
+
+WEBHOOK_SECRET_HEADER = "x-bradley-webhook-secret"
+
+
+def check_webhook_secret(request: Request, secret: str | None, keys: tuple[str, ...]) -> None:
+    """Label Studio's webhook: the shared secret in X-Bradley-Webhook-Secret (403 when wrong, or
+    when the server has none), else a bearer key as for any write."""
+    given = request.headers.get(WEBHOOK_SECRET_HEADER)
+    if given is None:
+        check_key(request, keys)
+        return
+    if not secret:
+        raise runtime.Forbidden("this server has no BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET; set it to "
+                                "the secret Label Studio's webhook sends, or use a bearer key")
+    if not hmac.compare_digest(given.encode(), secret.encode()):
+        raise WrongKey("wrong X-Bradley-Webhook-Secret; it must equal the server's "
+                       "BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET")
 
 
 # Headers a status needs so the client knows what to do next.

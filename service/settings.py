@@ -17,7 +17,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-SECRET_FIELDS = {"api_keys"}
+SECRET_FIELDS = {"api_keys", "label_studio_webhook_secret"}
 
 
 class SettingsError(ValueError):
@@ -64,6 +64,9 @@ class Settings(BaseSettings):
     reward_weights: str = ""
     default_verifier: str = ""  # for ground truth that names no verifier; "" = the RM judges
     verifier_plugins: str = ""
+    # Label Studio sends it in the X-Bradley-Webhook-Secret header (the webhook's custom headers);
+    # unset: the webhook needs a bearer API key like any other write
+    label_studio_webhook_secret: str | None = Field(None, min_length=16)
     log_level: str = "info"
 
     @field_validator("reward_weights")
