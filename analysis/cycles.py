@@ -203,11 +203,33 @@ def analyze(table: pa.Table, n_worst: int = N_WORST, n_boot: int | None = None) 
     }
 
 
+def loss_floors(table: pa.Table) -> dict:
+    """`entropy_floor` and `bt_floor` of a `Store.verdict_arrays()` table, and nothing else (no
+    triads, no bootstrap): what a training run records beside its losses. None for no verdicts.
+
+    >>> t = pa.table({"prompt_id": ["p"] * 4, "response_a": ["x", "x", "x", "y"],
+    ...               "response_b": ["y", "y", "y", "x"], "winner": ["a", "a", "b", "a"],
+    ...               "rater": ["human:1", "human:2", "human:3", "human:4"]})
+    >>> {k: round(v, 4) for k, v in loss_floors(t).items()}  # p̂ = 1/2 on one item: H = ln 2
+    {'entropy_floor': 0.6931, 'bt_floor': 0.6931}
+    """
+    if table.num_rows == 0:
+        return {"entropy_floor": None, "bt_floor": None}
+    v = verdict_items(table)
+    ent, bt = _plug_in_floors(v, _item_votes(v), _nodes(v))
+    return {"entropy_floor": ent, "bt_floor": bt}
+
+
+def _plug_in_floors(v: Verdicts, votes: dict, nodes: tuple) -> tuple[float, float]:
+    node_i, node_j = nodes[0], nodes[1]
+    bt, _ = bradley_terry_floor(v.item_prompt, node_i, node_j, votes["n"], votes["p_hat"])
+    return entropy_floor(votes["n"], votes["p_hat"]), bt
+
+
 def _floors(v: Verdicts, votes: dict, nodes: tuple, n_boot: int) -> dict:
     node_i, node_j, node_response, _ = nodes
     n, p_hat, n_total = votes["n"], votes["p_hat"], int(votes["n"].sum())
-    bt, _ = bradley_terry_floor(v.item_prompt, node_i, node_j, n, p_hat)
-    ent = entropy_floor(n, p_hat)
+    ent, bt = _plug_in_floors(v, votes, nodes)
     n_bt_params = _n_free_scores(node_i, node_j, len(node_response))
     df = v.n_items - n_bt_params
     floors = {

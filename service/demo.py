@@ -8,13 +8,13 @@ Each step goes through the same CLI a user types, so the demo is also a smoke te
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from service import cli
+from service.ports import free_port
 
 
 def _step(title: str) -> None:
@@ -25,12 +25,6 @@ def _bradley(db: str, *argv: str) -> None:
     status = cli.main(["--db", db, *argv])
     if status:
         raise SystemExit(f"demo step `bradley {' '.join(argv)}` failed with exit code {status}")
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _latest_model(db: str, kind: str) -> dict:
@@ -46,7 +40,7 @@ def _latest_model(db: str, kind: str) -> dict:
 def _serve_and_score(db: str, model_id: str) -> None:
     from service.client import ScoreClient
 
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "service.cli", "--db", db, "serve",
                                "--port", str(port), "--model", model_id], env=os.environ.copy())
     try:

@@ -20,6 +20,7 @@ from pathlib import Path
 from service.batcher import Batcher
 from service.metrics import Metrics
 from service.payloads import Limits
+from service.registry import check_row
 from service.settings import Settings
 
 log = logging.getLogger("bradley.service")
@@ -117,7 +118,7 @@ class Service:
             row = self.call_store(self.store.model, ref)
         except ValueError as exc:
             raise NotFound(str(exc)) from None
-        return row["id"], row["path"]
+        return row["id"], check_row(row)  # a retired id or changed weights: refused
 
     def _install(self, loaded: LoadedModel) -> None:
         device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")
