@@ -76,14 +76,15 @@ def run(workdir: str = "demo", db: str | None = None, seed: int = 0) -> int:
     _bradley(db, "report", "--html", str(work / "report.html"), "--json", str(work / "report.json"))
     print(f"HTML report: {work / 'report.html'}")
     _step("4. train a small Bradley-Terry reward model")
+    # --overwrite: a second demo in the same folder replaces (and retires) the first demo's models
     _bradley(db, "train", "rm", "--base-model", "tiny", "--epochs", "3",
-             "--out", str(work / "rm-tiny"))
+             "--out", str(work / "rm-tiny"), "--overwrite")
     model = _latest_model(db, "rm")
     _step("5. evaluate it")
     _bradley(db, "eval", model["id"])
     _step("6. a short DPO run on a tiny policy (watch the margin rise)")
     _bradley(db, "train", "po", "--loss", "dpo", "--base-model", "tiny", "--steps", "30",
-             "--out", str(work / "dpo-tiny"))
+             "--out", str(work / "dpo-tiny"), "--overwrite")
     policy = _latest_model(db, "dpo")["metrics"]
     # Per-step margins are single batches of 8 and noisy; the held-out split shows the trend.
     print(f"DPO on held-out pairs: margin 0.000 at step 1 (policy = reference) → "
