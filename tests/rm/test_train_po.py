@@ -193,3 +193,6 @@ def test_gradient_checkpointing_trains_the_same_and_is_recorded(filled, tmp_path
         assert lean[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-5)
     record = json.loads((Path(lean["path"]) / "train_config.json").read_text())
     assert record["gradient_checkpointing"] == 1
+    again = PolicyRunConfig.from_record(record)  # the folder's record is the run's config
+    assert again.objective == PoConfig(loss="dpo") and again.train.gradient_checkpointing == 1
+    assert again.max_length == 96 and again.val_fraction == 0 and again.train.steps == 6
