@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRL_VENV = ROOT / "bench" / ".trl-venv"
 WORK = ROOT / "bench" / "out" / "train_vs_trl"
 GOOD = ("correct", "clear", "helpful", "precise", "accurate", "careful")
 BAD = ("wrong", "vague", "useless", "sloppy", "garbled", "careless")
@@ -39,12 +38,10 @@ def synthetic_pairs(n: int, seed: int) -> list[dict]:
 
 
 def ensure_trl_venv() -> Path:
-    python = TRL_VENV / "bin" / "python"
-    if not python.exists():  # about 2 minutes; the local torch CPU wheel is reused
-        subprocess.run(["python3.11", "-m", "venv", str(TRL_VENV)], check=True)
-        subprocess.run([str(TRL_VENV / "bin" / "pip"), "install", "-q", "torch==2.13.0", "trl"],
-                       check=True)
-    return python
+    """The tests' cached TRL venv (tests/cached_venv.py): built once, about 2 minutes."""
+    from tests.cached_venv import trl_venv
+
+    return trl_venv()
 
 
 def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None) -> tuple[str, float]:

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from service import cli_train
+from service import cli_snapshots, cli_train  # subcommands in modules of their own
 
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
@@ -73,13 +73,17 @@ def _add_export(sub) -> None:
     p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"])
     p.add_argument("--snapshot", default=None, help="reproduce exactly what a past run read")
     p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
+    p.add_argument("--as", dest="shape", default="auto", choices=["auto", "text", "conversational"],
+                   help="trl: one prompt shape for the whole file (auto: the store's, "
+                        "conversational when it holds both)")
 
 
 def cmd_export(args) -> int:
     from annotation.export import export
 
     with _open_store(args, read_only=True) as store:
-        summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters)
+        summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters,
+                         shape=args.shape)
     _print_json(summary)
     return 0
 
@@ -223,6 +227,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "serve": (_add_serve, cmd_serve),
     "models": (_add_models, cmd_models),
     "demo": (_add_demo, cmd_demo),
+    "snapshots": (cli_snapshots.add, cli_snapshots.run),
 }
 
 
