@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from service import cli_label
+
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
 
@@ -244,17 +246,6 @@ def cmd_models(args) -> int:
     return 0
 
 
-def _add_label(sub) -> None:
-    p = sub.add_parser("label", help="RLAIF: an LLM judge labels pairs against a constitution")
-    p.add_argument("--constitution", required=True)
-    p.add_argument("--judge", required=True, help="local:PATH | openai:URL")
-    p.add_argument("--pairs", default="unlabeled", choices=["unlabeled", "all"])
-
-
-def cmd_label(args) -> int:
-    raise Unavailable("bradley label (RLAIF) is not yet available in this release")
-
-
 def _add_label_studio(sub) -> None:
     p = sub.add_parser("label-studio", help="set up, push to and pull from a Label Studio server")
     p.add_argument("action", choices=["setup", "push", "pull"])
@@ -284,7 +275,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "report": (_add_report, cmd_report),
     "train": (_add_train, cmd_train),
     "eval": (_add_eval, cmd_eval),
-    "label": (_add_label, cmd_label),
+    "label": (cli_label.add, cli_label.run),
     "label-studio": (_add_label_studio, cmd_label_studio),
     "serve": (_add_serve, cmd_serve),
     "models": (_add_models, cmd_models),
