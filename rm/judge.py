@@ -162,45 +162,49 @@ class LocalJudge:
         return out
 
     def _prefer_shared(self, items: Sequence[Item]) -> list[float]:
-        """Group items by presentation; per group run the shared head once, then its tails."""
+        """Group items by presentation; run the groups' shared heads together (one forward per
+        `batch_size` heads), then their tails against copies of that KV cache."""
         groups: dict[tuple[str, str, str], list[int]] = {}
         for i, (prompt, first, second, _) in enumerate(items):
             groups.setdefault((prompt, first, second), []).append(i)
+        encoded = {i: self.encode(t) for i, t in enumerate(self.texts(items))}
+        label_ids = self.label_ids(self.texts(items[:1])[0])
+        plans = []  # (shared length, member indices)
+        for members in groups.values():
+            full = [encoded[i] for i in members]
+            plans.append((min(_common_prefix(full), min(len(f) for f in full) - 1), members))
+        plans.sort(key=lambda plan: plan[0])
         out = [0.0] * len(items)
-        label_ids = None
-        for key, members in groups.items():
-            head, tail = self.template(*key)
-            full = [self.encode(head + tail.replace("{principle}", items[i][3])) for i in members]
-            label_ids = label_ids or self.label_ids(head + tail.replace("{principle}", items[members[0]][3]))
-            shared = _common_prefix(full) if len(full) > 1 else 0
-            shared = min(shared, min(len(f) for f in full) - 1)  # every tail keeps its last token
-            if shared < 8:  # nothing worth caching: judge these whole
-                probs = self._prefer_flat(full, label_ids)
-            else:
-                probs = self._tails(full, shared, label_ids)
-            for i, p in zip(members, probs, strict=True):
+        for start in range(0, len(plans), self.batch_size):
+            chunk = plans[start:start + self.batch_size]
+            for i, p in self._heads_and_tails(chunk, encoded, label_ids):
                 out[i] = p
         return out
 
-    def _tails(self, full: list[list[int]], shared: int, label_ids: list[int]) -> list[float]:
-        head = torch.tensor([full[0][:shared]], device=self.device)
-        cache = _cache_of(self.model(input_ids=head, use_cache=True))
+    def _heads_and_tails(self, chunk, encoded, label_ids) -> list[tuple[int, float]]:
+        heads = pad_batch([encoded[m[0]][:k] for k, m in chunk], self.tokenizer.pad_token_id, "right")
+        head_mask = heads["attention_mask"]
+        cache = _cache_of(self.model(input_ids=heads["input_ids"].to(self.device),
+                                     attention_mask=head_mask.to(self.device), use_cache=True))
         self.forwards += 1
+        rows = [(g, i, encoded[i][k:]) for g, (k, members) in enumerate(chunk) for i in members]
+        lengths = torch.tensor([k for k, _ in chunk])
         out = []
-        for start in range(0, len(full), self.batch_size):
-            tails = [f[shared:] for f in full[start:start + self.batch_size]]
-            batch = pad_batch(tails, self.tokenizer.pad_token_id, "right")
-            n, width = batch["input_ids"].shape
-            mask = torch.cat([torch.ones(n, shared, dtype=torch.long), batch["attention_mask"]], 1)
-            positions = shared + torch.arange(width).expand(n, width)
-            logits = self.model(input_ids=batch["input_ids"].to(self.device),
+        for start in range(0, len(rows), 4 * self.batch_size):  # tails are short: larger batches
+            part = rows[start:start + 4 * self.batch_size]
+            index = torch.tensor([g for g, _, _ in part])
+            tails = pad_batch([t for _, _, t in part], self.tokenizer.pad_token_id, "right")
+            n, width = tails["input_ids"].shape
+            mask = torch.cat([head_mask[index], tails["attention_mask"]], 1)
+            positions = lengths[index, None] + torch.arange(width)  # right after each row's head
+            logits = self.model(input_ids=tails["input_ids"].to(self.device),
                                 attention_mask=mask.to(self.device),
                                 position_ids=positions.to(self.device),
-                                **{_cache_argument(self.model): _repeat_cache(cache, n)},
+                                **{_cache_argument(self.model): _select_cache(cache, index)},
                                 use_cache=True).logits
             self.forwards += 1
-            at = logits[torch.arange(n), last_token_index(batch["attention_mask"]).to(self.device)]
-            out += [_pair_probability(at[row], label_ids) for row in range(n)]
+            at = logits[torch.arange(n), last_token_index(tails["attention_mask"]).to(self.device)]
+            out += [(i, _pair_probability(at[row], label_ids)) for row, (_, i, _) in enumerate(part)]
         return out
 
 
@@ -235,15 +239,22 @@ def _cache_of(output):
     return cache if cache is not None else output.past_key_values
 
 
-def _repeat_cache(cache, n: int):
-    """A copy of a batch-1 KV cache repeated n times along the batch (the original stays intact)."""
+def _select_cache(cache, index: torch.Tensor):
+    """A copy of a KV cache whose batch rows are `index` (rows may repeat); the original stays."""
     import copy
 
     copied = copy.deepcopy(cache)
-    if hasattr(copied, "batch_repeat_interleave"):
-        copied.batch_repeat_interleave(n)
+    if hasattr(copied, "reorder_cache"):
+        copied.reorder_cache(index.to(_cache_device(copied)))
         return copied
-    return tuple(tuple(t.repeat_interleave(n, dim=0) for t in layer) for layer in copied)
+    return tuple(tuple(t.index_select(0, index.to(t.device)) for t in layer) for layer in copied)
+
+
+def _cache_device(cache) -> torch.device:
+    layers = getattr(cache, "layers", None)
+    if layers:
+        return layers[0].keys.device
+    return cache.key_cache[0].device
 
 
 # --- specs ----------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ def test_prefix_reuse_and_padding_side_give_the_same_probabilities(tiny_llama, s
                              tokenizer=tok).prefer([it])[0] for it in both]
     assert flat.prefer(both) == pytest.approx(one_by_one, abs=1e-5)
     assert shared.prefer(both) == pytest.approx(one_by_one, abs=1e-5)
-    assert shared.forwards == 2 * len(PAIRS)  # per presentation: its head once, then its tails
+    assert shared.forwards == 4  # heads of 3 + 1 presentations, then the tails of each batch
 
 
 def llama_style_tokenizer():
@@ -218,3 +218,27 @@ def test_label_cli_bad_input_one_line_exit_1_nothing_written(tmp_path, biased, c
     assert code == 1 and out == [] and len(err.strip().splitlines()) == 1, err
     with Store(db) as store:
         assert store.counts()["judgments"] == 1
+
+
+def test_label_cli_generate_then_revise(tmp_path, tiny_llama, capsys):
+    """The plumbing of the whole recipe on a random tiny policy: sample 2 responses per prompt and
+    judge them in both orders; then critique-and-revise, stored as (revision ≻ original)."""
+    from annotation.store import Store
+
+    db, prompts = str(tmp_path / "s.duckdb"), tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Name a red fruit."}\nWhat colour is the sky?\n')
+    code, out, err = run_cli(capsys, "--db", db, "label", "--judge", f"local:{tiny_llama}",
+                             "--generate", tiny_llama, "--prompts", str(prompts), "--n", "2",
+                             "--temperature", "0.8", "--max-new-tokens", "6")
+    assert code == 0, err
+    line = json.loads(out[-1])
+    assert line["pairs_judged"] == 2 and line["judgments_written"] == 4
+    code, out, err = run_cli(capsys, "--db", db, "label", "--judge", f"local:{tiny_llama}",
+                             "--revise", "--max-new-tokens", "6", "--pairs", "all")
+    assert code == 0, err
+    revised = json.loads(out[-1])
+    assert revised["rater"].endswith(":revise") and revised["pairs_judged"] == 4
+    with Store(db) as store:
+        rows = store.judgments(raters=revised["rater"]).to_pylist()
+    assert len(rows) == revised["judgments_written"] == 4 - revised["failures"]
+    assert all(r["winner"] == "a" and "critique:" in r["rationale"] for r in rows)
