@@ -23,6 +23,8 @@ from annotation.ingest import ingest_records
 from annotation.store import Store
 from tests.rm import llama_cpp_venv
 
+# A real 135M model on CPU: ~1 min on 2 quiet cores, far longer on a shared busy machine
+pytestmark = pytest.mark.timeout(2400)
 CACHE = llama_cpp_venv.ROOT
 SMOL_DIR = CACHE / "smollm2-135m-instruct"
 N_PAIRS = 20
@@ -58,7 +60,7 @@ def label(db: str, judge: str, *extra) -> dict:
     """`bradley label` in a subprocess (the CLI as users run it); its final JSON line."""
     cmd = [str(Path(os.sys.executable).parent / "bradley"), "--db", db, "label", "--judge", judge,
            "--constitution", "helpful", "--raters-prefix", "human:", "--limit", str(N_PAIRS), *extra]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=2400)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -138,6 +140,7 @@ def llama_server(smollm2):
         log.close()
 
 
+@pytest.mark.timeout(3600)  # a fresh machine builds llama-cpp-python first (~500 s on 2 quiet cores)
 def test_llama_cpp_server_judge_agrees_with_the_local_judge(local_run, llama_server):
     """The same 40 presentations through openai:URL. The server runs the Q4_1 weights the local
     judge was dequantized from, in llama.cpp's kernels: probabilities differ by quantisation and
