@@ -120,7 +120,9 @@ CREATE OR REPLACE MACRO judgments_in(max_seq, rater_prefix) AS TABLE
 -- whatever was shown first). A human's single verdict gives p_lo 1, 0 or 1/2, as before.
 CREATE OR REPLACE MACRO voices_in(max_seq, rater_prefix) AS TABLE
     WITH oriented AS (
-        SELECT prompt_id, rater,
+        SELECT prompt_id,
+               -- rows without a rater are each their own anonymous voice (formats.ANONYMOUS)
+               CASE WHEN rater = 'human:anonymous' THEN rater || '#' || id ELSE rater END AS rater,
                least(response_a, response_b)    AS lo,
                greatest(response_a, response_b) AS hi,
                CASE WHEN winner = 'tie' THEN 0.5
