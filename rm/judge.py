@@ -169,6 +169,8 @@ class LocalJudge:
             groups.setdefault((prompt, first, second), []).append(i)
         encoded = {i: self.encode(t) for i, t in enumerate(self.texts(items))}
         label_ids = self.label_ids(self.texts(items[:1])[0])
+        if all(len(members) == 1 for members in groups.values()):  # one principle: nothing shared
+            return self._prefer_flat([encoded[i] for i in range(len(items))], label_ids)
         plans = []  # (shared length, member indices)
         for members in groups.values():
             full = [encoded[i] for i in members]
