@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from service import cli_label
+from service import cli_label, cli_snapshots  # subcommands in modules of their own
 
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
@@ -280,6 +280,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "serve": (_add_serve, cmd_serve),
     "models": (_add_models, cmd_models),
     "demo": (_add_demo, cmd_demo),
+    "snapshots": (cli_snapshots.add, cli_snapshots.run),
 }
 
 
