@@ -18,7 +18,7 @@ from pathlib import Path
 
 VERSION = "0.3.16"
 SERVER_DEPS = ("sse-starlette", "starlette-context", "pydantic-settings", "fastapi", "uvicorn")
-ROOT = Path(os.environ.get("BRADLEY_TESTS_CACHE", Path.home() / ".cache" / "bradley-tests"))
+ROOT = Path(os.environ.get("BRADLEY_TEST_CACHE", Path.home() / ".cache" / "bradley-tests"))
 
 
 def cache_dir() -> Path:
