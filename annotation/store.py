@@ -1,6 +1,7 @@
 """The preference store: one DuckDB file, the schema in schema.sql, and every SQL statement of bradley.
 
-Nothing outside this module and annotation/bulk.py (an ingest batch's bulk writes) writes SQL. Every query is parameterized; table names never come from input.
+Nothing outside this module, annotation/bulk.py (an ingest batch's bulk writes) and annotation/ls_ledger.py
+(the Label Studio tables) writes SQL. Every query is parameterized; table names never come from input.
 
     >>> store = Store(":memory:")
     >>> store.schema_version()
@@ -306,6 +307,12 @@ class Store(SnapshotQueries):
             if row["id"] == model_id:
                 return row
         raise StoreError(f"model {model_id!r} not found; `GET /models` or the models table lists them")
+
+    def retire_model(self, model_id: str, by: str) -> None:
+        """Mark a model id as retired by a newer one (its folder was overwritten with `--overwrite`):
+        `config.retired_by` says so; the row stays, so the id is still traceable to its snapshot."""
+        self.con.execute("UPDATE models SET config = json_merge_patch(coalesce(config, '{}'), ?) "
+                         "WHERE id = ?", [canonical_json({"retired_by": by}), model_id])
 
     # -- reference log-probs -------------------------------------------------------------------
 
