@@ -161,20 +161,52 @@ CREATE OR REPLACE MACRO judgments_in(max_seq, rater_prefix) AS TABLE
       AND j.id NOT IN (SELECT r.judgment_id FROM retractions r JOIN batches rb ON rb.id = r.batch_id
                        WHERE max_seq IS NULL OR rb.seq <= max_seq);
 
--- Per (prompt, unordered response pair): the majority verdict over every rater's vote.
--- A tie counts half to each side in p_chosen; an exact split keeps the lower id as "chosen" with p_chosen = 0.5.
-CREATE OR REPLACE MACRO pairs_in(max_seq, rater_prefix) AS TABLE
-    WITH votes AS (
+-- One voice per (prompt, unordered response pair, rater). A rater who judged a comparison more than
+-- once (an AI judge asks in both presentation orders, annotation/rlaif.py) counts once, never twice
+-- against a human's single vote. p_lo is the mean over the rater's verdicts of P(lo better): 1, 0 or
+-- 1/2 for a plain a/b/tie verdict, the judge's probability for a source 'rlaif' verdict (its strength
+-- is P(winner better)). The voice is lo or hi by that mean, and a tie when the mean is 1/2 or when
+-- its verdicts point opposite ways by more than 0.1 each (a position-biased judge that preferred
+-- whatever was shown first). A human's single verdict gives p_lo 1, 0 or 1/2, as before.
+CREATE OR REPLACE MACRO voices_in(max_seq, rater_prefix) AS TABLE
+    WITH oriented AS (
         SELECT prompt_id,
+               -- rows without a rater are each their own anonymous voice (formats.ANONYMOUS)
+               CASE WHEN rater = 'human:anonymous' THEN rater || '#' || id ELSE rater END AS rater,
                least(response_a, response_b)    AS lo,
                greatest(response_a, response_b) AS hi,
-               count(*) FILTER (WHERE (winner = 'a' AND response_a < response_b)
-                                   OR (winner = 'b' AND response_b < response_a)) AS votes_lo,
-               count(*) FILTER (WHERE (winner = 'a' AND response_a > response_b)
-                                   OR (winner = 'b' AND response_b > response_a)) AS votes_hi,
-               count(*) FILTER (WHERE winner = 'tie') AS ties
-        FROM judgments_in(max_seq, rater_prefix)
-        WHERE response_a <> response_b
+               CASE WHEN winner = 'tie' THEN 0.5
+                    WHEN (CASE winner WHEN 'a' THEN response_a ELSE response_b END)
+                         = least(response_a, response_b) THEN p_winner
+                    ELSE 1.0 - p_winner END AS p_lo
+        FROM (SELECT *, CASE WHEN source = 'rlaif' AND strength BETWEEN 0 AND 1 THEN strength
+                             ELSE 1.0 END AS p_winner
+              FROM judgments_in(max_seq, rater_prefix)
+              WHERE response_a <> response_b)
+    ), per_rater AS (
+        SELECT prompt_id, lo, hi, rater, avg(p_lo) AS p_lo, max(p_lo) AS p_max, min(p_lo) AS p_min
+        FROM oriented
+        GROUP BY prompt_id, lo, hi, rater
+    )
+    SELECT prompt_id, lo, hi, rater, p_lo,
+           CASE WHEN p_max > 0.6 AND p_min < 0.4 THEN 'tie'
+                WHEN p_lo > 0.5 + 1e-9 THEN 'lo'
+                WHEN p_lo < 0.5 - 1e-9 THEN 'hi'
+                ELSE 'tie' END AS vote
+    FROM per_rater;
+
+-- Per (prompt, unordered response pair): the majority verdict over the raters' voices (above).
+-- p_chosen is the mean of the voices' probabilities for the chosen side (for one-verdict raters: the
+-- vote share with ties as half; for an AI judge alone: its order-averaged probability, the soft label
+-- of `train rm --soft-labels`); an exact split keeps the lower id as "chosen" with p_chosen = 0.5.
+CREATE OR REPLACE MACRO pairs_in(max_seq, rater_prefix) AS TABLE
+    WITH votes AS (
+        SELECT prompt_id, lo, hi,
+               count(*) FILTER (WHERE vote = 'lo') AS votes_lo,
+               count(*) FILTER (WHERE vote = 'hi') AS votes_hi,
+               count(*) FILTER (WHERE vote = 'tie') AS ties,
+               avg(p_lo) AS p_lo
+        FROM voices_in(max_seq, rater_prefix)
         GROUP BY prompt_id, lo, hi
     )
     SELECT prompt_id,
@@ -184,7 +216,8 @@ CREATE OR REPLACE MACRO pairs_in(max_seq, rater_prefix) AS TABLE
            least(votes_lo, votes_hi)    AS votes_rejected,
            ties,
            votes_lo + votes_hi + ties   AS n_votes,
-           (greatest(votes_lo, votes_hi) + 0.5 * ties) / (votes_lo + votes_hi + ties) AS p_chosen
+           CASE WHEN votes_hi = votes_lo THEN 0.5
+                WHEN votes_hi > votes_lo THEN 1.0 - p_lo ELSE p_lo END AS p_chosen
     FROM votes;
 
 CREATE OR REPLACE VIEW pairs AS SELECT * FROM pairs_in(NULL, NULL);

@@ -255,6 +255,30 @@ class Store(SnapshotQueries):
             WHERE ($1 IS NULL OR b.seq <= $1) AND ($2 IS NULL OR starts_with(f.rater, $2))
             ORDER BY b.seq, f.id""", [max_seq, prefix])
 
+    def comparisons(self, raters: str | None = None, unjudged_by: str | None = None,
+                    limit: int | None = None) -> pa.Table:
+        """Distinct comparisons (prompt, unordered response pair) that raters matching `raters`
+        judged, leaving out those `unjudged_by` (a rater id) already judged, in ingest order:
+        prompt_id, prompt, messages, a_id, b_id, a, b (texts, lower id first), model_a, model_b."""
+        return self._arrow("""
+            WITH c AS (
+                SELECT j.prompt_id, least(j.response_a, j.response_b) AS lo,
+                       greatest(j.response_a, j.response_b) AS hi, min(b.seq) AS seq
+                FROM judgments_in(NULL, $1) j JOIN batches b ON b.id = j.batch_id
+                WHERE j.response_a <> j.response_b
+                GROUP BY ALL
+            )
+            SELECT c.prompt_id, p.text AS prompt, p.messages, c.lo AS a_id, c.hi AS b_id,
+                   ra.text AS a, rb.text AS b, ra.source_model AS model_a, rb.source_model AS model_b
+            FROM c JOIN prompts p ON p.id = c.prompt_id
+            JOIN responses ra ON ra.id = c.lo JOIN responses rb ON rb.id = c.hi
+            WHERE $2 IS NULL OR NOT EXISTS (
+                SELECT 1 FROM judgments x WHERE x.rater = $2 AND x.prompt_id = c.prompt_id
+                  AND least(x.response_a, x.response_b) = c.lo
+                  AND greatest(x.response_a, x.response_b) = c.hi)
+            ORDER BY c.seq, c.prompt_id, c.lo, c.hi
+            LIMIT coalesce($3, 9223372036854775807)""", [rater_prefix(raters), unjudged_by, limit])
+
     def _arrow(self, query: str, params: list) -> pa.Table:
         # A cursor of its own: DuckDB 2 refuses relation queries while an execute() result is open.
         with self.con.cursor() as cur:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Callable
 
 from service import (  # subcommands in modules of their own
+    cli_label,
     cli_label_studio,
     cli_snapshots,
     cli_train,
@@ -186,15 +187,6 @@ def cmd_models(args) -> int:
     return 0
 
 
-def _add_label(sub) -> None:
-    p = sub.add_parser("label", help="RLAIF: an LLM judge labels pairs against a constitution")
-    p.add_argument("--constitution", required=True)
-    p.add_argument("--judge", required=True, help="local:PATH | openai:URL")
-    p.add_argument("--pairs", default="unlabeled", choices=["unlabeled", "all"])
-
-
-def cmd_label(args) -> int:
-    raise Unavailable("bradley label (RLAIF) is not yet available in this release")
 
 
 def _add_demo(sub) -> None:
@@ -216,7 +208,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "report": (_add_report, cmd_report),
     "train": (cli_train.add, cli_train.run),
     "eval": (cli_train.add_eval, cli_train.run_eval),
-    "label": (_add_label, cmd_label),
+    "label": (cli_label.add, cli_label.run),
     "label-studio": (cli_label_studio.add, cli_label_studio.run),
     "serve": (_add_serve, cmd_serve),
     "models": (_add_models, cmd_models),
