@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from rm.verifiers import Verdict
+from rm.verdict import Verdict
 
 DEFAULT_TIMEOUT_S = 4.0
 DEFAULT_MEMORY_MB = 1024

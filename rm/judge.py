@@ -12,7 +12,7 @@ from a constitution (annotation/rlaif.py), so this module stays text-agnostic.
   real token found from the attention mask (rm/model.py), so left and right padding agree. With
   `reuse_prefix` the tokens shared by every principle of a presentation (the conversation and both
   responses) run once, and their KV cache is repeated for the batch of principle tails.
-* `openai:URL` (rm/judge_openai.py): an OpenAI-compatible server.
+* `openai:URL` (rm/judge_openai.py): an OpenAI-compatible server; rm/judges.py picks one by name.
 """
 
 from __future__ import annotations
@@ -260,27 +260,3 @@ def _cache_device(cache) -> torch.device:
 
 
 # --- specs ----------------------------------------------------------------------------------
-
-
-def make_judge(spec: str, template: Template, **options):
-    """`local:PATH|ID` or `openai:URL` → a judge with `name`, `prefer(items)` and `forwards`."""
-    kind, _, target = spec.partition(":")
-    if kind not in JUDGES or not target:
-        raise JudgeError(f"--judge {spec!r}: expected local:PATH (a causal LM folder or id) or "
-                         "openai:URL (an OpenAI-compatible server, e.g. openai:http://127.0.0.1:8080/v1)")
-    return JUDGES[kind](target, template, **options)
-
-
-def _local(target: str, template: Template, **options):
-    known = {"labels", "batch_size", "reuse_prefix", "device"}
-    return LocalJudge(target, template, **{k: v for k, v in options.items() if k in known})
-
-
-def _openai(target: str, template: Template, **options):
-    from rm.judge_openai import OpenAIJudge
-
-    known = {"labels", "timeout", "retries", "concurrency", "model"}
-    return OpenAIJudge(target, template, **{k: v for k, v in options.items() if k in known})
-
-
-JUDGES = {"local": _local, "openai": _openai}

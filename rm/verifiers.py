@@ -34,7 +34,9 @@ import math as _math
 import os
 import re
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+
+from rm.code_verifier import run_code
+from rm.verdict import Verdict
 
 STATUSES = ("ok", "no_answer", "unparseable_gold", "timeout", "error")
 FORMAT_BONUS = 0.1  # gsm8k: exactly one "####" followed by a number
@@ -50,19 +52,6 @@ MARKER_ANSWER_RE = re.compile(r"####\s*(" + NUMBER + r")")
 
 class VerifierError(ValueError):
     """A verifier name or option the caller must fix (unknown name, missing extra, bad option)."""
-
-
-@dataclass(frozen=True)
-class Verdict:
-    reward: float
-    correct: bool | None
-    format_ok: bool
-    status: str
-    extracted: str | None = None
-    detail: str | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def to_number(text: str) -> float | None:
@@ -209,8 +198,6 @@ def _math_verify():
 
 def code(response: str, ground_truth, **options) -> Verdict:
     """Run Python against tests; see rm/code_verifier.py (opt-in: BRADLEY_ENABLE_CODE_VERIFIER=1)."""
-    from rm.code_verifier import run_code
-
     return run_code(response, ground_truth, **options)
 
 

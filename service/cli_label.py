@@ -88,7 +88,7 @@ def _model_name(args) -> str:
 
 def _judge(args, constitution):
     from rm import device as devices
-    from rm.judge import make_judge
+    from rm.judges import make_judge
 
     options = {"labels": constitution.labels, "batch_size": args.batch_size,
                "reuse_prefix": not args.no_prefix_reuse, "timeout": args.timeout,

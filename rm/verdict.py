@@ -1,0 +1,22 @@
+"""What every verifier returns (rm/verifiers.py, rm/code_verifier.py): a module of its own so the two
+verifier modules need not import each other."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One checked response: `reward`, `correct` (None when the gold could not be read), `format_ok`,
+    `status` (ok | no_answer | unparseable_gold | timeout | error), what was `extracted`, `detail`."""
+
+    reward: float
+    correct: bool | None
+    format_ok: bool
+    status: str
+    extracted: str | None = None
+    detail: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
