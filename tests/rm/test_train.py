@@ -2,10 +2,7 @@
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
