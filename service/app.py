@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from service import http, routes_data, routes_score
+from service.deps import ClientSlots
 from service.runtime import Service
 from service.settings import Settings, load_settings
 
@@ -37,14 +38,18 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
         yield
         await asyncio.get_running_loop().run_in_executor(None, service.stop)
 
-    app = FastAPI(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # the schema is served by routes_score.openapi, behind the key
+    app = FastAPI(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.service = service
+    app.state.anon_slots = ClientSlots(settings.anon_max_concurrent)
     app.include_router(routes_score.router)
     app.include_router(routes_data.router)
     app.add_exception_handler(ValueError, http.handle_error)
     app.add_exception_handler(Exception, http.handle_error)
     app.add_exception_handler(HTTPException, http.handle_http_error)
     app.add_exception_handler(RequestValidationError, http.handle_validation_error)
+    app.add_middleware(http.SafetyNet)  # inside RouteMetrics, which then counts its 500s
     app.add_middleware(RouteMetrics, service=service)
     return app
 

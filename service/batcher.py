@@ -6,8 +6,13 @@ batch holds `max_batch_items` items or `max_batch_tokens` tokens or `max_wait_s`
 request arrived, sorts the items of the batch by length (so rows of similar length share a forward
 and padding stays small), cuts them into forwards of at most `max_batch_tokens` padded tokens
 (rows x longest row) and `max_padding` wasted tokens per real one, and hands each forward to the
-scorer. Scores go back to each request's event
-loop in one call per batch.
+scorer. Scores go back to each request's event loop in one call per batch, for the requests whose
+every row is scored.
+
+Fairness: a request bigger than what is left of a batch's budget gives the batch only the rows that
+fit, and its remaining rows go to the back of the queue, so requests that arrived meanwhile are
+in the next batch rather than behind the whole of a large one (round robin, one batch at a time).
+A small request therefore waits about one batch for any large one, however large.
 
 Batch independence is the scorer's contract (one padded forward whose per-row result ignores the
 other rows: attention masks, no cross-row normalisation); the batcher only regroups rows, and never
@@ -50,13 +55,29 @@ class ShuttingDown(BatcherError):
     """The server is draining its queue before exit and accepts no new work."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Job:
     scorer: Scorer
     ids: list[list[int]]
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
+    taken: int = 0  # rows handed to batches so far (the worker thread only)
+    done: int = 0   # rows scored or failed
+    scores: list[float] = field(default_factory=list)
+    error: BaseException | None = None
+
+    def __post_init__(self):
+        self.scores = [0.0] * len(self.ids)
+
+
+@dataclass
+class _Piece:
+    """Rows start..end of one job, in one batch."""
+
+    job: _Job
+    start: int
+    end: int
 
 
 def plan_forwards(lengths: Sequence[int], max_tokens: int, max_items: int,
@@ -162,61 +183,71 @@ class Batcher:
     # -- worker side -----------------------------------------------------------------------------
 
     def _work(self) -> None:
-        while (jobs := self._collect()) is not None:
-            results = self._run(jobs)
+        while (pieces := self._collect()) is not None:
+            self._run(pieces)
             self.stats["batches"] += 1
-            _deliver(jobs, results)
+            finished = {}
+            for piece in pieces:
+                piece.job.done += piece.end - piece.start
+                if piece.job.done == len(piece.job.ids):
+                    finished[id(piece.job)] = piece.job
+            _deliver(list(finished.values()))
 
-    def _collect(self) -> list[_Job] | None:
-        """Block for the oldest job, then gather more until a limit or its wait deadline."""
+    def _collect(self) -> list[_Piece] | None:
+        """Block for the oldest job, then gather rows until a limit or its wait deadline. A job that
+        does not fit whole gives the rows that do and goes to the back of the queue."""
         with self._cond:
             while not self._queue:
                 if self._closing:
                     return None
                 self._cond.wait()
             first_arrival = self._queue[0].enqueued
-            jobs, items, tokens = [], 0, 0
+            pieces, items, tokens = [], 0, 0
             while True:
                 while self._queue and items < self.max_batch_items and tokens < self.max_batch_tokens:
                     job = self._queue.popleft()
-                    jobs.append(job)
-                    items += len(job.ids)
-                    tokens += sum(len(row) for row in job.ids)
+                    end = job.taken
+                    while (end < len(job.ids) and items < self.max_batch_items
+                           and tokens < self.max_batch_tokens):
+                        tokens += len(job.ids[end])
+                        items += 1
+                        end += 1
+                    pieces.append(_Piece(job, job.taken, end))
+                    job.taken = end
+                    if end < len(job.ids):
+                        self._queue.append(job)
                 full = items >= self.max_batch_items or tokens >= self.max_batch_tokens
                 remaining = first_arrival + self.max_wait_s - time.monotonic()
                 if full or self._closing or remaining <= 0:
                     break
                 self._cond.wait(remaining)
             self._queued_items -= items
-            return jobs
+            return pieces
 
-    def _run(self, jobs: list[_Job]) -> list[list[float] | BaseException]:
-        results: list[list[float] | BaseException] = [[0.0] * len(j.ids) for j in jobs]
-        by_scorer: dict[Scorer, list[int]] = {}
-        for index, job in enumerate(jobs):
-            by_scorer.setdefault(job.scorer, []).append(index)
-        for scorer, members in by_scorer.items():
-            rows = [(m, k) for m in members for k in range(len(jobs[m].ids))]
-            lengths = [len(jobs[m].ids[k]) for m, k in rows]
+    def _run(self, pieces: list[_Piece]) -> None:
+        by_scorer: dict[Scorer, list[tuple[_Job, int]]] = {}
+        for piece in pieces:
+            rows = by_scorer.setdefault(piece.job.scorer, [])
+            rows.extend((piece.job, k) for k in range(piece.start, piece.end))
+        for scorer, rows in by_scorer.items():
+            lengths = [len(job.ids[k]) for job, k in rows]
             for forward in plan_forwards(lengths, self.max_batch_tokens, self.max_batch_items,
                                          self.max_padding):
-                self._forward(scorer, [rows[i] for i in forward], jobs, results)
-        return results
+                self._forward(scorer, [rows[i] for i in forward])
 
-    def _forward(self, scorer: Scorer, rows: list[tuple[int, int]], jobs: list[_Job],
-                 results: list) -> None:
-        pending = [(m, k) for m, k in rows if not isinstance(results[m], BaseException)]
+    def _forward(self, scorer: Scorer, rows: list[tuple[_Job, int]]) -> None:
+        pending = [(job, k) for job, k in rows if job.error is None]
         if not pending:
             return
-        batch = [jobs[m].ids[k] for m, k in pending]
+        batch = [job.ids[k] for job, k in pending]
         started = time.perf_counter()
         try:
             scores = scorer(batch)
             if len(scores) != len(pending):
                 raise RuntimeError(f"scorer returned {len(scores)} scores for {len(pending)} rows")
         except Exception as exc:  # noqa: BLE001 - one failing forward fails only its requests
-            for m, _ in pending:
-                results[m] = exc
+            for job, _ in pending:
+                job.error = exc
             return
         self.stats["forwards"] += 1
         self.stats["items"] += len(pending)
@@ -224,15 +255,15 @@ class Batcher:
             longest = max(len(row) for row in batch)
             self.on_forward(len(batch), sum(len(row) for row in batch), longest * len(batch),
                             time.perf_counter() - started)
-        for (m, k), score in zip(pending, scores, strict=True):
-            results[m][k] = float(score)
+        for (job, k), score in zip(pending, scores, strict=True):
+            job.scores[k] = float(score)
 
 
-def _deliver(jobs: list[_Job], results: list) -> None:
+def _deliver(jobs: list[_Job]) -> None:
     """One thread-safe callback per event loop per batch, not one per request."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-    for job, result in zip(jobs, results, strict=True):
-        by_loop.setdefault(job.loop, []).append((job.future, result))
+    for job in jobs:
+        by_loop.setdefault(job.loop, []).append((job.future, job.error or job.scores))
     for loop, pairs in by_loop.items():
         try:
             loop.call_soon_threadsafe(_resolve, pairs)

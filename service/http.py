@@ -44,14 +44,21 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The whole body, refusing (413) as soon as it is known to exceed `limit` bytes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise payloads.PayloadError("body", f"{declared} bytes, limit {limit}; split the upload", 413)
+        raise BodyTooLarge("body", f"{declared} bytes, limit {limit}; split the upload", 413)
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise payloads.PayloadError("body", f"over {limit} bytes; split the upload", 413)
+            raise BodyTooLarge("body", f"over {limit} bytes; split the upload", 413)
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+class BodyTooLarge(payloads.PayloadError):
+    """Refused before the whole body was read: the answer closes the connection, since the unread
+    rest would otherwise be taken for the client's next request."""
+
+    close = True
 
 
 def check_key(request: Request, keys: tuple[str, ...]) -> None:
@@ -70,21 +77,27 @@ def check_key(request: Request, keys: tuple[str, ...]) -> None:
         raise WrongKey("invalid API key; use one of the keys in the server's BRADLEY_API_KEYS")
 
 
+# Headers a status needs so the client knows what to do next.
+STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"},
+                  503: {"Retry-After": "1"}}
+
+
 def error_response(exc: BaseException) -> JSONResponse:
-    status = next((code for cls, code in ERROR_STATUS if isinstance(exc, cls)), 500)
-    if isinstance(exc, payloads.PayloadError):
-        status = exc.status
+    """`{"error", "field"}` with the status the exception's class (or its own `status`) names; an
+    unexpected exception is a 500 whose details go to the log only."""
+    status = getattr(exc, "status", None) if isinstance(exc, ValueError) else None
+    status = status or next((code for cls, code in ERROR_STATUS if isinstance(exc, cls)), 500)
     if status == 500:
-        log.error("internal error: %s: %s", type(exc).__name__, exc)
+        log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=exc)
         return JSONResponse({"error": "internal error; see the server log", "field": None}, 500)
     body = {"error": str(exc), "field": getattr(exc, "field", None)}
     errors = getattr(exc, "errors", None)
     if isinstance(errors, list) and errors:
         body["errors"] = [str(e)[:500] for e in errors[:50]]
-    headers = {"Retry-After": "1"} if status == 503 else None
-    if status == 401:
-        headers = {"WWW-Authenticate": "Bearer"}
-    return JSONResponse(body, status, headers=headers)
+    headers = dict(STATUS_HEADERS.get(status, {}))
+    if getattr(exc, "close", False):  # the client still has body bytes on the way: say so
+        headers["Connection"] = "close"
+    return JSONResponse(body, status, headers=headers or None)
 
 
 async def handle_error(request: Request, exc: Exception) -> JSONResponse:
@@ -100,3 +113,35 @@ async def handle_validation_error(request: Request, exc) -> JSONResponse:
     first = (exc.errors() or [{}])[0]
     field = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
     return JSONResponse({"error": first.get("msg", "invalid request"), "field": field}, 422)
+
+
+class SafetyNet:
+    """Pure ASGI middleware: an exception no handler took becomes a complete 500 JSON response.
+
+    Starlette hands `Exception` to its outermost ServerErrorMiddleware, which sends the handler's
+    response and then re-raises; uvicorn, seeing an exception after the response started, closes
+    the connection without `Connection: close`, so a keep-alive client's next request fails with
+    "connection reset" (issue 14). Here the exception ends with the response, the connection stays
+    usable, and the traceback goes to the log only. After the response has started nothing can be
+    repaired, so the exception goes on (and uvicorn closes the connection, the only honest option).
+    """
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = False
+
+        async def note_start(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, note_start)
+        except Exception as exc:  # noqa: BLE001 - the edge where anything becomes a response
+            if started:
+                raise
+            await error_response(exc)(scope, receive, send)

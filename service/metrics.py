@@ -103,8 +103,9 @@ class Metrics:
         self.tokens.inc(tokens)
         self.padded_tokens.inc(padded)
 
-    def on_model(self, model_id: str, path: str) -> None:
-        self.model.info({"model_id": model_id, "path": path})
+    def on_model(self, model_id: str) -> None:
+        # the id only: /metrics is readable without a key, and a path describes the operator's disk
+        self.model.info({"model_id": model_id})
         self.model_swaps.inc()
         self._moments = Moments()
         self.length_corr.set(math.nan)

@@ -17,6 +17,8 @@ oversized strings are refused with a PayloadError that names the offending field
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 
 from service.advantages import ADVANTAGES
@@ -32,8 +34,14 @@ class PayloadError(ValueError):
 
 @dataclass(frozen=True)
 class Limits:
+    """What one scoring request may hold. `max_request_chars` bounds the characters of all its
+    prompts and responses together (the tokenizer's work grows with it); `who` says in messages
+    which callers the limits apply to."""
+
     max_items: int = 4096
     max_text_chars: int = 200_000
+    max_request_chars: int | None = None
+    who: str = ""
 
 
 @dataclass
@@ -45,7 +53,14 @@ class ScoreRequest:
 
 
 def decode_json(body: bytes):
-    """UTF-8 JSON -> Python value; 400 naming the byte or line that breaks it."""
+    """UTF-8 JSON -> Python value; 400 naming the byte or line that breaks it, or the field that holds
+    a value no part of the service can use (see `check_values`).
+
+    >>> decode_json(b'{"items": [{"prompt": "\\\\ud800"}]}')
+    Traceback (most recent call last):
+    ...
+    service.payloads.PayloadError: items[0].prompt: contains a lone UTF-16 surrogate (\\ud800); send valid Unicode text
+    """
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -54,12 +69,80 @@ def decode_json(body: bytes):
     if not text.strip():
         raise PayloadError("body", "empty; send a JSON object", 400)
     try:
-        return json.loads(text)
+        value, odd = _loads(text)
     except json.JSONDecodeError as exc:
         raise PayloadError("body", f"malformed JSON at line {exc.lineno} column {exc.colno}: "
                            f"{exc.msg}", 400) from None
     except RecursionError:
         raise PayloadError("body", "JSON nested too deeply", 400) from None
+    return check_values(value) if odd or _SURROGATE_ESCAPE.search(text) else value
+
+
+# a lone surrogate can only come from a \uD800-\uDFFF escape: UTF-8 cannot encode one
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+MAX_INT_DIGITS = 4000  # Python refuses to convert more than 4300 (int_max_str_digits)
+
+
+@dataclass(frozen=True)
+class _Unusable:
+    """Stands in, while decoding, for a number no field accepts; `check_values` names its field."""
+
+    problem: str
+
+
+def _loads(text: str) -> tuple[object, bool]:
+    """json.loads whose odd numbers (huge, NaN, Infinity) become `_Unusable` markers instead of
+    Python's own errors, which name no field (and, for huge integers, suggest a Python call).
+    Returns (value, whether any marker was made)."""
+    odd = []
+
+    def unusable(problem: str) -> _Unusable:
+        odd.append(problem)
+        return _Unusable(problem)
+
+    def integer(digits: str):
+        n = len(digits.lstrip("-"))
+        return int(digits) if n <= MAX_INT_DIGITS else unusable(
+            f"an integer of {n:,} digits; numbers here have at most {MAX_INT_DIGITS}")
+
+    def real(text: str):
+        value = float(text)
+        return value if math.isfinite(value) else unusable(f"{text[:20]} overflows a 64-bit float")
+
+    def constant(name: str):
+        return unusable(f"{name} is not JSON; send a finite number or null")
+
+    value = json.loads(text, parse_int=integer, parse_float=real, parse_constant=constant)
+    return value, bool(odd)
+
+
+def check_values(value, path: str = ""):
+    """`value` itself, or PayloadError naming the first field (`items[2].response`), in document
+    order, that holds a lone surrogate (Python can hold one, but no tokenizer, store or JSON encoder
+    can use it) or an unusable number. Iterative: any nesting json.loads accepted is walked."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            _check_text_encodes(item, where)
+        elif isinstance(item, _Unusable):
+            raise PayloadError(where or "body", item.problem)
+        elif isinstance(item, dict):
+            for key in item:
+                _check_text_encodes(key, where)
+            stack.extend((sub, f"{where}.{key}" if where else str(key))
+                         for key, sub in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((item[i], f"{where}[{i}]") for i in reversed(range(len(item))))
+    return value
+
+
+def _check_text_encodes(text: str, where: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise PayloadError(where or "body", f"contains a lone UTF-16 surrogate "
+                           f"(\\u{ord(text[exc.start]):04x}); send valid Unicode text") from None
 
 
 def parse_records(body: bytes) -> list[dict]:
@@ -85,10 +168,11 @@ def _jsonl(text: str) -> list:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record, _ = _loads(line)
         except (json.JSONDecodeError, RecursionError) as exc:
             raise PayloadError(f"line {number}", f"malformed JSON ({getattr(exc, 'msg', exc)}); "
                                "send a JSON object, a JSON list, or one object per line", 400) from None
+        records.append(check_values(record, f"line {number}"))
     return records
 
 
@@ -107,11 +191,36 @@ def parse_score(value, limits: Limits) -> ScoreRequest:
             raise PayloadError(f"items[{i}]", f"must be an object, not {_kind(item)}")
         prompts.append(check_prompt(item.get("prompt"), f"items[{i}].prompt", limits))
         responses.append(check_text(item.get("response"), f"items[{i}].response", limits))
+    check_budget(prompts, responses, "items", limits)
     group_size = _group_size(value.get("group_size"), len(items))
     advantage = value.get("advantage", "grpo")
-    if advantage not in ADVANTAGES:
-        raise PayloadError("advantage", f"must be one of {sorted(ADVANTAGES)}")
+    if not isinstance(advantage, str) or advantage not in ADVANTAGES:
+        raise PayloadError("advantage", f"must be one of {sorted(ADVANTAGES)}, not {_kind(advantage)}")
     return ScoreRequest(prompts, responses, group_size, advantage)
+
+
+def text_chars(prompts: list, responses: list[str]) -> int:
+    """Characters of every response and prompt (string or the contents of its messages)."""
+    return sum(map(len, responses)) + sum(
+        len(p) if isinstance(p, str) else sum(len(m["content"]) for m in p) for p in prompts)
+
+
+def check_budget(prompts: list, responses: list[str], field: str, limits: Limits) -> None:
+    """413 when the request's texts hold more characters than `limits.max_request_chars`.
+
+    >>> check_budget(["ab"], ["cde"], "items", Limits(max_request_chars=4, who="callers without a key"))
+    Traceback (most recent call last):
+    ...
+    service.payloads.PayloadError: items: 5 characters in all, limit 4 for callers without a key; send fewer or shorter items, or a key
+    """
+    if limits.max_request_chars is None:
+        return
+    total = text_chars(prompts, responses)
+    if total > limits.max_request_chars:
+        who = f" for {limits.who}" if limits.who else ""
+        hint = ", or a key" if limits.who else ""
+        raise PayloadError(field, f"{total:,} characters in all, limit {limits.max_request_chars:,}"
+                           f"{who}; send fewer or shorter items{hint}", 413)
 
 
 def parse_get_reward(value, limits: Limits) -> tuple[list[str], list[str], bool]:
@@ -139,6 +248,7 @@ def parse_get_reward(value, limits: Limits) -> tuple[list[str], list[str], bool]
         p = p if p and q.startswith(p) else ""
         prompts.append(p)
         responses.append(q[len(p):])
+    check_budget(prompts, responses, "query", limits)
     return prompts, responses, single
 
 

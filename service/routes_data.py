@@ -1,5 +1,5 @@
 """Routes that write to or read from the store: uploads, reports, the Label Studio webhook.
-All of them need `Authorization: Bearer <key>`."""
+All of them need `Authorization: Bearer <key>`: each declares `caller: Keyed` (`service.deps`)."""
 
 from __future__ import annotations
 
@@ -8,30 +8,28 @@ import math
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse
 
-from service.http import check_key, read_body
-from service.payloads import PayloadError, decode_json, parse_records, webhook_task
-from service.runtime import Unavailable
+from service.deps import JsonBody, Keyed, Records
+from service.payloads import PayloadError, webhook_task
+from service.runtime import NotFound, Unavailable
 
 router = APIRouter()
 REPORT_TYPES = {"": "json", ".json": "json", ".html": "html"}
+ON_ERROR = ("abort", "skip")
 
 
-async def _authorized(request: Request):
-    svc = request.app.state.service
-    check_key(request, svc.settings.api_keys)
-    return svc
-
-
-async def _upload(request: Request, route: str) -> JSONResponse:
+def _on_error(request: Request) -> str:
     """`?on_error=abort` (default: one bad row writes nothing) or `?on_error=skip` (bad rows go to
     the rejects table, the rest is written)."""
-    svc = await _authorized(request)
     on_error = request.query_params.get("on_error", "abort")
-    if on_error not in ("abort", "skip"):
+    if on_error not in ON_ERROR:
         raise PayloadError("on_error", "must be abort (a bad row writes nothing) or skip (bad rows "
                            "go to rejects)")
-    records = parse_records(await read_body(request, svc.settings.max_body_bytes))
-    result = await svc.ingest(route, records, on_error)
+    return on_error
+
+
+async def _upload(request: Request, route: str, records: list[dict]) -> JSONResponse:
+    svc = request.app.state.service
+    result = await svc.ingest(route, records, _on_error(request))
     body = {k: getattr(result, k, None) for k in
             ("batch_id", "rows_in", "rows_ok", "rows_rejected", "duplicate")}
     if result.failed:
@@ -44,25 +42,25 @@ async def _upload(request: Request, route: str) -> JSONResponse:
 
 
 @router.post("/judgments", status_code=201)
-async def judgments(request: Request) -> JSONResponse:
-    return await _upload(request, "judgments")
+async def judgments(request: Request, caller: Keyed, records: Records) -> JSONResponse:
+    return await _upload(request, "judgments", records)
 
 
 @router.post("/pairs", status_code=201)
-async def pairs(request: Request) -> JSONResponse:
-    return await _upload(request, "pairs")
+async def pairs(request: Request, caller: Keyed, records: Records) -> JSONResponse:
+    return await _upload(request, "pairs", records)
 
 
 @router.post("/feedback", status_code=201)
-async def feedback(request: Request) -> JSONResponse:
-    return await _upload(request, "feedback")
+async def feedback(request: Request, caller: Keyed, records: Records) -> JSONResponse:
+    return await _upload(request, "feedback", records)
 
 
 @router.get("/reports/{name}")
-async def report(name: str, request: Request):
+async def report(name: str, request: Request, caller: Keyed):
     """`latest` (everything now) or a snapshot id, as `.json` (default) or `.html`;
     `?raters=human|ai|PREFIX` filters raters."""
-    svc = await _authorized(request)
+    svc = request.app.state.service
     stem, dot, ext = name.rpartition(".") if "." in name else (name, "", "")
     kind = REPORT_TYPES.get(dot + ext)
     if kind is None:
@@ -73,6 +71,8 @@ async def report(name: str, request: Request):
         raise Unavailable("reports are not available in this installation (analysis.report)") from None
     snapshot = None if stem == "latest" else stem
     raters = request.query_params.get("raters")
+    if snapshot is not None:
+        await _check_snapshot(svc, snapshot)
     if kind == "html":  # plotting is slow and matplotlib is not thread-safe: the store thread
         def page():
             return render_html(build_report(svc.store, raters=raters, snapshot_id=snapshot))
@@ -80,6 +80,16 @@ async def report(name: str, request: Request):
         return HTMLResponse(await svc.in_store(page))
     data = await svc.in_store(build_report, svc.store, raters=raters, snapshot_id=snapshot)
     return JSONResponse(_plain(data))
+
+
+async def _check_snapshot(svc, snapshot: str) -> None:
+    """404 for a snapshot the store does not hold (a missing thing, not a malformed request)."""
+    from annotation.store import StoreError
+
+    try:
+        await svc.in_store(svc.store.snapshot_filter, snapshot)
+    except StoreError as exc:
+        raise NotFound(str(exc)) from None
 
 
 def _plain(value):
@@ -98,11 +108,11 @@ def _plain(value):
 
 
 @router.post("/webhooks/label-studio")
-async def label_studio_webhook(request: Request) -> JSONResponse:
+async def label_studio_webhook(request: Request, caller: Keyed, value: JsonBody) -> JSONResponse:
     """ANNOTATION_CREATED becomes one judgment (same validation as a Label Studio export); other
-    actions are acknowledged and ignored. Configure the webhook with an Authorization header."""
-    svc = await _authorized(request)
-    value = decode_json(await read_body(request, svc.settings.max_body_bytes))  # never logged
+    actions are acknowledged and ignored. Configure the webhook with an Authorization header.
+    The body is never logged: it carries the project's access token."""
+    svc = request.app.state.service
     task = webhook_task(value)
     if task is None:
         return JSONResponse({"ignored": value["action"]}, 202)

@@ -1,4 +1,5 @@
-"""Routes for trainers and operators: /score, /get_reward (OpenRLHF), models, health, metrics."""
+"""Routes for trainers and operators: /score, /get_reward (OpenRLHF), models, health, metrics.
+Who may call each is declared in its signature (`service.deps`)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,21 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from service.advantages import group_advantages
-from service.http import check_key, read_body
-from service.payloads import decode_json, parse_get_reward, parse_score
+from service.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
+from service.payloads import parse_get_reward, parse_score
 
 router = APIRouter()
+PUBLIC_MODEL_FIELDS = ("id", "kind", "base_model", "created_at", "active")  # no paths, no configs
 
 
 def _service(request: Request):
     return request.app.state.service
 
 
-async def _scoring_body(request: Request):
-    svc = _service(request)
-    if svc.settings.score_requires_key:
-        check_key(request, svc.settings.api_keys)
-    return svc, decode_json(await read_body(request, svc.settings.max_body_bytes))
-
-
 @router.post("/score")
-async def score(request: Request) -> JSONResponse:
-    svc, value = await _scoring_body(request)
-    req = parse_score(value, svc.limits)
+async def score(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
+    svc = _service(request)
+    req = parse_score(value, svc.limits_for(caller))
     model_id, scores = await svc.score(req.prompts, req.responses)
     out: dict = {"scores": scores, "model": model_id}
     if req.group_size is not None:
@@ -37,10 +32,10 @@ async def score(request: Request) -> JSONResponse:
 
 
 @router.post("/get_reward")
-async def get_reward(request: Request) -> JSONResponse:
+async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
     """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`."""
-    svc, value = await _scoring_body(request)
-    prompts, responses, single = parse_get_reward(value, svc.limits)
+    svc = _service(request)
+    prompts, responses, single = parse_get_reward(value, svc.limits_for(caller))
     model_id, scores = await svc.score(prompts, responses)
     lengths = [float(len(r)) for r in responses]
     if single:
@@ -51,20 +46,23 @@ async def get_reward(request: Request) -> JSONResponse:
 
 
 @router.get("/models")
-async def list_models(request: Request) -> JSONResponse:
-    return JSONResponse({"models": await _service(request).models()})
+async def list_models(request: Request, caller: Viewer) -> JSONResponse:
+    """Every registered model; without a key only ids, kinds and which one is active (paths and
+    training configs describe the operator's machine and data)."""
+    models = await _service(request).models()
+    if not caller.keyed:
+        models = [{k: m[k] for k in PUBLIC_MODEL_FIELDS if k in m} for m in models]
+    return JSONResponse({"models": models})
 
 
 @router.post("/models/{model_id}/load")
-async def load_model(model_id: str, request: Request) -> JSONResponse:
-    svc = _service(request)
-    check_key(request, svc.settings.api_keys)
-    loaded = await svc.load_model(model_id)
+async def load_model(model_id: str, request: Request, caller: Keyed) -> JSONResponse:
+    loaded = await _service(request).load_model(model_id)
     return JSONResponse({"model": loaded.id, "path": loaded.path, "active": True})
 
 
 @router.get("/healthz")
-async def healthz(request: Request) -> JSONResponse:
+async def healthz() -> JSONResponse:
     return JSONResponse({"status": "ok"})
 
 
@@ -78,5 +76,11 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, caller: MetricsViewer) -> Response:
     return Response(_service(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request, caller: Keyed) -> JSONResponse:
+    """The API schema lists every route and field: for operators, so behind the key."""
+    return JSONResponse(request.app.openapi())

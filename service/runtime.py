@@ -19,13 +19,17 @@ from pathlib import Path
 
 from service.batcher import Batcher
 from service.metrics import Metrics
-from service.payloads import Limits
+from service.payloads import Limits, text_chars
 from service.settings import Settings
 
 log = logging.getLogger("bradley.service")
 UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
                   "webhooks/label-studio": "label-studio"}
-LARGE_REQUEST_ITEMS = 64  # tokenize bigger requests off the event loop
+# Tokenization never runs on the event loop (a 7.5 MB request took it 4.5 s, issue 14). Requests
+# with more characters than this go to a lane of their own, so a small request never waits behind
+# a large one's tokenization (each lane is one thread: they share the GIL with the loop, which the
+# interpreter hands over every 5 ms, sys.getswitchinterval).
+SMALL_REQUEST_CHARS = 16_384
 # Padding allowed per real token when BRADLEY_MAX_PADDING is unset. Measured here (2-core CPU, 64
 # single-sample clients, 2 forward threads): the 5M model (~114 tokens/item) is compute-bound and
 # served 149 items/s with 0 and 148 with 0.1; the tiny model is bound by the GIL (event loop and
@@ -50,6 +54,17 @@ class Unavailable(ValueError):
     """A route whose feature is not in this release, or whose module has not been installed (501)."""
 
 
+class RowsRefused(ValueError):
+    """An upload with bad rows in abort mode: nothing was written (422). Worded for HTTP clients,
+    who choose the mode with `?on_error=`, not the CLI's `--on-error`."""
+
+    def __init__(self, errors: list[str], field: str | None = None):
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        super().__init__(f"{errors[0] if errors else 'bad rows'}{more}; nothing was written (fix "
+                         "the rows, or send ?on_error=skip to keep the good ones)")
+        self.errors, self.field = errors, field
+
+
 @dataclass(frozen=True)
 class LoadedModel:
     id: str
@@ -62,6 +77,10 @@ class Service:
         self.settings = settings
         self.metrics = Metrics()
         self.limits = Limits(settings.max_items_per_request, settings.max_text_chars)
+        self.anon_limits = Limits(settings.max_items_per_request, settings.max_text_chars,
+                                  settings.anon_max_request_chars, "callers without a key")
+        self._encoders = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"bradley-tokenize-{lane}")
+                          for lane in ("small", "large")}
         self.batcher = Batcher(settings.max_batch_tokens, settings.max_batch_items,
                                settings.max_wait_ms / 1000, settings.max_queue_items,
                                on_forward=self.metrics.on_forward)
@@ -95,6 +114,8 @@ class Service:
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
         self._store_thread.shutdown(wait=True)
+        for encoder in self._encoders.values():
+            encoder.shutdown(wait=True)
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -127,7 +148,7 @@ class Service:
         padding = self.settings.max_padding
         self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
-        self.metrics.on_model(loaded.id, loaded.path)
+        self.metrics.on_model(loaded.id)
         log.info("serving model %s from %s", loaded.id, loaded.path)
 
     async def load_model(self, ref: str) -> LoadedModel:
@@ -150,15 +171,17 @@ class Service:
 
     # -- scoring ---------------------------------------------------------------------------------
 
+    def limits_for(self, caller) -> Limits:
+        """The request limits of a caller (`service.deps.Caller`): a budget without a key."""
+        return self.limits if caller.keyed else self.anon_limits
+
     async def score(self, prompts: list, responses: list[str]) -> tuple[str, list[float]]:
         loaded = self.current
         if loaded is None:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
-        if len(prompts) > LARGE_REQUEST_ITEMS:
-            loop = asyncio.get_running_loop()
-            ids = await loop.run_in_executor(None, loaded.rm.encode, prompts, responses)
-        else:
-            ids = loaded.rm.encode(prompts, responses)
+        lane = "small" if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS else "large"
+        ids = await asyncio.get_running_loop().run_in_executor(self._encoders[lane], loaded.rm.encode,
+                                                               prompts, responses)
         scores = await self.batcher.score(loaded.rm.score_encoded, ids)
         self.metrics.on_scores(responses, scores)
         return loaded.id, scores
@@ -178,7 +201,7 @@ class Service:
     async def ingest(self, route: str, records: list[dict], on_error: str = "abort"):
         if self.settings.read_only:
             raise Forbidden("this server is read-only (--read-only); upload to the writer instead")
-        from annotation.ingest import ingest_records
+        from annotation.ingest import IngestError, ingest_records
 
         def run():
             return ingest_records(self.store, records, fmt=UPLOAD_FORMATS[route],
@@ -186,8 +209,10 @@ class Service:
 
         try:
             result = await self.in_store(run)
-        except ValueError:
+        except ValueError as exc:
             self.metrics.on_ingest(route, 0, len(records), "rejected")
+            if isinstance(exc, IngestError):
+                raise RowsRefused(exc.errors, exc.field) from None
             raise
         outcome = "failed" if result.failed else ("duplicate" if result.duplicate else "ok")
         self.metrics.on_ingest(route, result.rows_ok, result.rows_rejected, outcome)

@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     max_items_per_request: int = Field(4096, ge=1)
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_text_chars: int = Field(200_000, ge=1)     # per prompt or response; longer is refused (422)
+    # Callers without a key (when /score needs none): characters of all texts of one request, and
+    # requests in flight per client address; beyond them 413 and 429 (README "Hostile clients").
+    anon_max_request_chars: int = Field(262_144, ge=1)
+    anon_max_concurrent: int = Field(64, ge=1)
+    # /metrics without a key (Prometheus scrapes usually carry none); it names the served model only
+    metrics_require_key: bool = False
     drain_timeout_s: float = Field(30.0, ge=0)
     log_level: str = "info"
 

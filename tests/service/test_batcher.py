@@ -149,3 +149,40 @@ def test_hurry_flushes_a_waiting_batch():
         return out
 
     assert run(main()) == [5.0]
+
+
+def test_a_large_request_does_not_hold_small_ones_behind_it():
+    """Issue 14: a 20-row request (10 batches of 2 rows at this budget) is taken two rows at a time
+    and its rest goes to the back of the queue, so a 1-row request queued after it is scored in the
+    second or third batch (the large one was already back in the queue when it came) and answered
+    before the large one, whose scores still come back whole and in order."""
+    gate, scorer = threading.Event(), Recorder()
+
+    def gated(ids):
+        gate.wait(10)  # hold the first forward until both requests are queued
+        return scorer(ids)
+
+    async def main():
+        batcher = Batcher(max_batch_tokens=20, max_batch_items=64, max_wait_s=0.0).start()
+        order: list[str] = []
+
+        async def send(name, ids):
+            result = await batcher.score(gated, ids)
+            order.append(name)
+            return result
+
+        large = asyncio.ensure_future(send("large", [[k] * 10 for k in range(20)]))
+        await asyncio.sleep(0.05)
+        small = asyncio.ensure_future(send("small", [[7]]))
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.gather(large, small)
+        batcher.close()
+        return out, order
+
+    (large, small), order = run(main())
+    assert order == ["small", "large"]
+    assert large == [float(10 * k) for k in range(20)] and small == [7.0]
+    assert scorer.calls[0] == [[0] * 10, [1] * 10]
+    assert any([7] in call for call in scorer.calls[1:3]), scorer.calls[:3]
+    assert max(sum(map(len, call)) for call in scorer.calls) <= 20 + 10
