@@ -4,7 +4,9 @@ rule, every rule healthy, and data for every Grafana panel's query.
 
 The scrape job is the one in deploy/prometheus/prometheus.yml with its target pointed at the test
 server and its interval shortened to 1 s; the rule groups are evaluated every second for the same
-reason. Nothing else in either file is changed.
+reason. The server runs with BRADLEY_METRICS_REQUIRE_KEY=true, so the job also sends one of its keys
+as a bearer token read from a file (Prometheus's `authorization.credentials_file`), as a deployment
+that keeps /metrics private would.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("served")
     model = build_tiny_reward_model(tmp / "rm", TEXTS, hidden=32, layers=1, vocab_size=300)
     port, log = free_port(), tmp / "serve.log"
-    env = {**os.environ, "BRADLEY_API_KEYS": API_KEY, "BRADLEY_DEVICE": "cpu",
+    env = {**os.environ, "BRADLEY_API_KEYS": API_KEY, "BRADLEY_METRICS_REQUIRE_KEY": "true",
+           "BRADLEY_DEVICE": "cpu",
            "BRADLEY_TORCH_THREADS": "1", "OMP_NUM_THREADS": "1", "BRADLEY_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "--db", str(tmp / "s.duckdb"),
                              "serve", "--port", str(port), "--model", str(model)],
@@ -86,6 +89,8 @@ def scrape_config(target: str, tmp: Path) -> Path:
     config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
     (job,) = config["scrape_configs"]
     job["static_configs"] = [{"targets": [target]}]
+    (tmp / "bradley-key").write_text(API_KEY)
+    job["authorization"] = {"type": "Bearer", "credentials_file": str(tmp / "bradley-key")}
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
         group["interval"] = "1s"
@@ -141,6 +146,7 @@ def poll(prometheus: str, target: str, expr: str, timeout: float = 60) -> list[d
 
 
 def test_prometheus_scrapes_bradley_and_records_every_rule(prometheus, served):
+    assert httpx.get(f"http://{served}/metrics", timeout=5).status_code == 401   # the key matters
     traffic(served)
     series = poll(prometheus, served, '{__name__=~"bradley_.+"}')
     names = {s["metric"]["__name__"] for s in series}
