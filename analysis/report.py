@@ -68,11 +68,12 @@ def build_report(store, raters: str | None = None, snapshot_id: str | None = Non
 
     Without `snapshot_id` a new snapshot is recorded first, so the report names the exact data it read.
     """
-    if snapshot_id is None:
-        snapshot_id = store.create_snapshot(raters)
-    table = store.verdict_arrays(snapshot_id)
-    if table.num_rows == 0:
-        raise ReportError(f"no judgments in snapshot {snapshot_id} (raters={raters or 'all'}); "
+    if snapshot_id is None:  # a run that finds nothing records no snapshot
+        snapshot_id = store.create_snapshot(raters, if_any=True)
+    table = store.verdict_arrays(snapshot_id) if snapshot_id else None
+    if table is None or table.num_rows == 0:
+        where = f"in snapshot {snapshot_id} " if snapshot_id else ""
+        raise ReportError(f"no judgments {where}(raters={raters or 'all'}); "
                           "ingest some with `bradley ingest FILE` or widen --raters")
     report = {
         "snapshot_id": snapshot_id,
@@ -80,6 +81,8 @@ def build_report(store, raters: str | None = None, snapshot_id: str | None = Non
         "n_judgments": table.num_rows,
         "n_prompts": pc.count_distinct(table.column("prompt_id")).as_py(),
         "n_raters": pc.count_distinct(table.column("rater")).as_py(),
+        # same text on both sides: kept in the store, left out of every statistic (and of pairs)
+        "n_self_comparisons": store.self_comparisons(snapshot_id),
     }
     for name, analyze in _analyses().items():
         report[name] = analyze(table)
@@ -129,31 +132,35 @@ def _alpha_words(alpha: float) -> str:
     return "very low: close to chance"
 
 
-def _length_sentence(lb: dict) -> tuple[str, bool]:
+def _length_findings(lb: dict) -> list[tuple[str, bool]]:
     p, (low, high) = lb.get("p_longer_wins"), lb.get("p_longer_wins_ci95") or (0.0, 1.0)
     if p is None:
-        return "No pair of different length was decided, so length bias is unknown.", False
+        return [("No pair of different length was decided, so length bias is unknown.", False)]
     share = f"the longer answer wins {p:.0%} of decided comparisons (95% CI {low:.0%}–{high:.0%})"
     if low > 0.5:
-        return f"Raters favour length: {share}.", p > 0.6
+        return [(f"Raters favour length: {share}." if p > 0.6 else f"A mild preference for length: {share}.",
+                 p > 0.6)]
     if high < 0.5:
-        return f"Raters favour the shorter answer: {share}.", p < 0.4
-    return f"No clear length bias: {share}.", False
+        return [(f"Raters favour the shorter answer: {share}." if p < 0.4
+                 else f"A mild preference for the shorter answer: {share}.", p < 0.4)]
+    return [(f"No clear length bias: {share}.", False)]
 
 
-def _agreement_sentence(ag: dict) -> tuple[str, bool]:
+def _agreement_findings(ag: dict) -> list[tuple[str, bool]]:
+    """Krippendorff's α below 0.667 (his bound for tentative conclusions) is a problem, and so is
+    each group of flagged raters: one finding each, so the headline counts what the list shows."""
     alpha = ag.get("krippendorff_alpha")
     flagged = ag.get("flagged_raters") or []
     if alpha is None:
-        text = "Agreement is unknown: no item was judged by two raters."
-        bad = False
+        out = [("Agreement is unknown: no item was judged by two raters.", False)]
     else:
-        text = f"Agreement between raters is {_alpha_words(alpha)} (Krippendorff α = {alpha:.2f})."
-        bad = alpha < 0.2
+        out = [(f"Agreement between raters is {_alpha_words(alpha)} (Krippendorff α = {alpha:.2f}).",
+                alpha < 0.667)]
     if flagged:
         names = ", ".join(flagged[:5]) + (" …" if len(flagged) > 5 else "")
-        text += f" {len(flagged)} rater(s) agree with the majority far less than the rest: {names}."
-    return text, bad or bool(flagged)
+        out.append((f"{len(flagged)} rater(s) agree with the majority far less than the rest: {names}.",
+                    True))
+    return out
 
 
 def _corrected_gap(cy: dict) -> tuple:
@@ -166,10 +173,10 @@ def _corrected_gap(cy: dict) -> tuple:
     return None, None, ""
 
 
-def _cycles_sentence(cy: dict) -> tuple[str, bool]:
+def _cycles_findings(cy: dict) -> list[tuple[str, bool]]:
     ent, bt, gap = cy.get("entropy_floor"), cy.get("bt_floor"), cy.get("gap")
     if ent is None or bt is None:
-        return "Loss floors are unknown.", False
+        return [("Loss floors are unknown.", False)]
     text = (f"No model can reach a loss below {ent:.3f} nats per judgment on these verdicts, and no "
             f"single-score reward model below {bt:.3f} (a coin flip is ln 2 = {LN2:.3f})")
     n_tri, n_cyc = cy.get("n_triads") or 0, cy.get("n_cyclic_triads") or 0
@@ -190,17 +197,27 @@ def _cycles_sentence(cy: dict) -> tuple[str, bool]:
     # Plug-in floors are biased low on few votes per item: judge the gap by its corrected value
     # and the likelihood-ratio test when the cycles analysis provides them.
     real_gap = (corrected if corrected is not None else gap or 0) > 0.05 and (p_value or 0) < 0.05
-    return text, ent > LN2 - 0.05 or real_gap
+    return [(text, ent > LN2 - 0.05 or real_gap)]
+
+
+def _self_comparison_findings(report: dict) -> list[tuple[str, bool]]:
+    n = report.get("n_self_comparisons") or 0
+    if not n:
+        return []
+    return [(f"{n:,} judgment(s) compare a response with itself (the same text on both sides); they "
+             "are kept in the store but left out of every figure here and of the pairs.", False)]
 
 
 def verdict(report: dict) -> dict:
-    """A headline and one sentence per analysis, for people deciding whether to train."""
-    parts = [_length_sentence(report["length_bias"]), _agreement_sentence(report["agreement"]),
-             _cycles_sentence(report["cycles"])]
+    """A headline and the findings behind it, one per problem (`problem[i]` says whether finding i
+    is one), so the headline counts exactly the problems the list shows."""
+    parts = [*_length_findings(report["length_bias"]), *_agreement_findings(report["agreement"]),
+             *_cycles_findings(report["cycles"]), *_self_comparison_findings(report)]
     problems = sum(bad for _, bad in parts)
     headline = {0: "Looks usable for training.", 1: "Usable with care: one problem to look at."}.get(
         problems, f"Fix the data first: {problems} problems.")
-    return {"headline": headline, "findings": [text for text, _ in parts], "problems": problems}
+    return {"headline": headline, "findings": [text for text, _ in parts],
+            "problem": [bad for _, bad in parts], "problems": problems}
 
 
 # --- --fail-on ---------------------------------------------------------------------------------
@@ -250,6 +267,10 @@ def _fmt(value, digits: int = 3) -> str:
     return "n/a" if value is None else f"{value:.{digits}f}"
 
 
+def _flags(vd: dict) -> list[bool]:
+    return vd.get("problem") or [False] * len(vd["findings"])  # reports saved before the flags
+
+
 def summary_text(report: dict) -> str:
     """A few lines for the terminal."""
     lb, ag, cy, vd = report["length_bias"], report["agreement"], report["cycles"], report["verdict"]
@@ -259,7 +280,7 @@ def summary_text(report: dict) -> str:
         f"bradley report · snapshot {report['snapshot_id']} · {report['n_judgments']:,} judgments, "
         f"{report['n_prompts']:,} prompts, {report['n_raters']} raters ({report['raters']})",
         f"verdict: {vd['headline']}",
-        *(f"  - {text}" for text in vd["findings"]),
+        *(f"  {'✗' if bad else '-'} {text}" for text, bad in zip(vd["findings"], _flags(vd), strict=True)),
         f"length bias   p_longer_wins {_fmt(lb.get('p_longer_wins'))} [{_fmt(low)}, {_fmt(high)}] "
         f"n={lb.get('n', 0):,}; slope {_fmt(lb.get('slope'))} [{_fmt(slope_ci[0])}, "
         f"{_fmt(slope_ci[1])}]",

@@ -204,9 +204,24 @@ def _agreement_section(ag: dict) -> str:
     for rater, v in sorted((ag.get("position_consistency") or {}).items()):
         stats.append([f"position consistency of {rater} (n)", f"{_num(v.get('consistency'))} ({v.get('n')})"])
     return (f'<section id="agreement"><h2>Rater agreement</h2>{_table(["statistic", "value"], stats)}'
+            f"{_overlap_note(ag.get('cohen_kappa') or [], raters)}"
             f"{_figure(plot_agreement_matrix(ag.get('cohen_kappa') or [], raters), 'agreement matrix of raters', 'no two raters share enough items for a kappa')}"
             f"{_figure(plot_per_rater(per_rater, raters), 'per-rater agreement', 'no rater shares an item with another')}"
             "</section>")
+
+
+def _overlap_note(kappas: list, raters: list[str]) -> str:
+    """Says why the agreement matrix is mostly blank when few pairs of raters judged the same items
+    (MT-Bench's experts each judged a few dozen comparisons, rarely the same ones)."""
+    shown = set(raters)
+    pairs = len(shown) * (len(shown) - 1) // 2
+    filled = sum(1 for k in kappas if k.get("kappa") is not None
+                 and k.get("rater_1") in shown and k.get("rater_2") in shown)
+    if pairs < 2 or filled >= pairs / 2:
+        return ""
+    return (f"<p class=\"note\"><em>Only {filled} of the {pairs} pairs of raters shown judged enough of the "
+            "same items for a kappa, so most cells of the matrix are blank: few raters overlap. "
+            "The per-rater agreement with the majority below does not need overlap.</em></p>")
 
 
 def _cycles_section(cy: dict) -> str:
@@ -224,9 +239,20 @@ def _cycles_section(cy: dict) -> str:
             f"<h3>Worst cycles</h3>{worst}</section>")
 
 
+def _floor_value(value) -> str:
+    """A floor, gap or p-value as shown; one the data cannot give (null in the JSON) says so.
+
+    >>> _floor_value(0.12345), _floor_value(None)
+    ('0.1235', 'n/a (not computed for these data: see the note below)')
+    """
+    if value is None:
+        return "n/a (not computed for these data: see the note below)"
+    return _num(value, 4) if isinstance(value, float) else str(value)
+
+
 def _floors_section(cy: dict) -> str:
     # Every floor, gap and test the cycles analysis gives, in its order (it may add corrections).
-    rows = [[k, _num(v, 4) if isinstance(v, float) else v] for k, v in cy.items()
+    rows = [[k, _floor_value(v)] for k, v in cy.items()
             if any(word in k for word in ("floor", "gap", "p_value")) and not isinstance(v, (list, dict))]
     note = cy.get("correction", "")
     return (f'<section id="floors"><h2>Loss floors</h2>'
@@ -236,7 +262,9 @@ def _floors_section(cy: dict) -> str:
 
 def render(report: dict) -> str:
     vd = report["verdict"]
-    findings = "".join(f"<li>{_esc(t)}</li>" for t in vd["findings"])
+    flags = vd.get("problem") or [False] * len(vd["findings"])
+    findings = "".join(f"<li><strong>Problem:</strong> {_esc(t)}</li>" if bad else f"<li>{_esc(t)}</li>"
+                       for t, bad in zip(vd["findings"], flags, strict=True))
     klass = "verdict ok" if vd["problems"] == 0 else "verdict"
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>bradley report</title>'

@@ -8,13 +8,13 @@ module that writes SQL. Staged tables are read by DuckDB's replacement scan unde
 
 from __future__ import annotations
 
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
 
-from annotation.spool import Spool
+from annotation.spool import Spool, spool_folder
 
 # Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid), computed by ids.with_ids
 # in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
@@ -63,12 +63,12 @@ def insert(cur, kind: str, staged: pa.Table, batch_id: str) -> None:
 
 
 def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
-                  complete: Callable[[pa.Table], tuple[pa.Table, str]]) -> None:
+                  complete: Callable[[pa.Table], tuple[pa.Table, str]], spool_root: Path) -> None:
     """insert() for a whole stream of chunks as one INSERT per table (annotation.spool says
     why). The chunks' responses stream in first; then `complete(rest)` gives the rest of the
     rows with their judgment ids, and the batch id. An exception raised by `chunks` is re-raised
-    here as it was, not as DuckDB's error."""
-    with tempfile.TemporaryDirectory(prefix="bradley-ingest-") as folder:
+    here as it was, not as DuckDB's error. The spool goes under `spool_root` (spool.spool_folder)."""
+    with spool_folder(spool_root) as folder:
         spool = Spool(kind, chunks, folder)
         _bradley_responses = spool.responses()  # noqa: F841 (read by name, as above)
         try:

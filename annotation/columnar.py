@@ -3,8 +3,9 @@ NeedsPrecise.
 
 Each check is vectorized over the whole chunk and vouches for every row or for none: a chunk with
 any row it cannot vouch for (a missing or empty text, an unknown winner, a nested extra column, a
-strength that is not a finite number…) raises NeedsPrecise, and annotation.ingest re-reads the
-source on the precise path, which names the row and field. What passes here is what the precise
+strength that is not a margin in 0..10, a rater that is a number, bytes that are not UTF-8…) raises
+NeedsPrecise, and annotation.ingest re-reads the source on the precise path, which names the row
+and field. What passes here is what the precise
 path would have staged for the same rows (tests/annotation/test_ingest_formats.py compares them).
 """
 
@@ -38,6 +39,7 @@ def stage(batch: pa.RecordBatch, fmt: str, offset: int, source_model: str | None
     if mapping is None or not set(mapping) <= set(cols) or {"messages", "metadata"} & set(cols):
         raise NeedsPrecise
     n = batch.num_rows
+    batch.validate(full=True)  # pyarrow's JSON reader lets bytes that are not UTF-8 into strings
     out = {target: _required_text(cols[name], target == "prompt") for name, target in mapping.items()}
     _require(pc.all(pc.is_in(out.get("winner", pa.array(["a"])), pa.array(formats.WINNERS))))
     if "winner" not in out:  # a TRL pair: chosen is response a, and equal texts state no preference
@@ -45,7 +47,7 @@ def stage(batch: pa.RecordBatch, fmt: str, offset: int, source_model: str | None
         _require(not pc.any(pc.equal(out["response_a"], out["response_b"])).as_py())
     for name in OPTIONAL_TEXT:
         out[name] = _optional_text(cols.get(name), n)
-    out["rater"] = _raters(out["rater"])
+    out["rater"] = _raters(out["rater"], cols.get("rater"))
     out["source"] = pc.fill_null(out["source"], fmt)
     if source_model:
         out["model_a"], out["model_b"] = (pc.fill_null(out[k], source_model) for k in ("model_a", "model_b"))
@@ -82,7 +84,14 @@ def _optional_text(column, n: int) -> pa.Array:
     return pc.if_else(pc.equal(column, ""), pa.scalar(None, pa.string()), column)
 
 
-def _raters(column: pa.Array) -> pa.Array:
+def _raters(column: pa.Array, given) -> pa.Array:
+    """formats.rater on a column: text only (an integer column is a number per row, refused there),
+    at most RATER_MAX_CHARS, no control characters, no bare prefix."""
+    _require(given is None or pa.types.is_null(given.type) or _is_text(given))
+    if column.null_count < len(column):
+        _require(pc.max(pc.utf8_length(column)).as_py() <= formats.RATER_MAX_CHARS)
+        _require(not pc.any(pc.match_substring_regex(column, formats.CONTROL_CHARS.pattern)).as_py())
+        _require(not pc.any(pc.is_in(column, pa.array(formats.RATER_PREFIXES))).as_py())
     column = pc.fill_null(column, formats.ANONYMOUS)
     known = pc.or_(pc.starts_with(column, "human:"), pc.starts_with(column, "ai:"))
     return pc.if_else(known, column, pc.binary_join_element_wise("human:", column, ""))
@@ -96,6 +105,9 @@ def _strength(column, n: int) -> pa.Array:
     _require(_is_text(column) or pa.types.is_integer(column.type) or pa.types.is_floating(column.type))
     values = column.cast(pa.float64())  # ArrowInvalid on text that is not a number -> precise path
     _require(pc.all(pc.is_finite(values)).as_py() in (True, None))
+    if values.null_count < n:  # formats.strength: a Bradley-Terry margin, 0..STRENGTH_MAX
+        bounds = pc.min_max(values)
+        _require(bounds["min"].as_py() >= 0.0 and bounds["max"].as_py() <= formats.STRENGTH_MAX)
     return values
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from datetime import datetime, timezone
 
@@ -29,6 +30,9 @@ from annotation.ids import canonical_json, content_id, render_messages
 ANONYMOUS = "human:anonymous"
 RATER_PREFIXES = ("human:", "ai:")
 WINNERS = ("a", "b", "tie")
+RATER_MAX_CHARS = 200
+CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+STRENGTH_MAX = 10.0  # the largest Bradley-Terry margin a judgment may carry (formats.strength says why)
 HH_MARKER = "\n\nAssistant:"
 LS_CONTROL = "comparison"  # the <Pairwise name="comparison"> control of bradley's Label Studio project
 LS_SELECTED = {"left": "a", "right": "b"}
@@ -104,10 +108,16 @@ def text(row: dict, field: str, empty_ok: bool = False) -> str:
 
 
 def optional_text(row: dict, field: str) -> str | None:
+    """Text, or an integer written as text (ids are often numbers); None when absent or empty.
+    Anything else (a list, an object, a boolean) is refused rather than stored as its repr."""
     value = row.get(field)
     if value is None or value == "":
         return None
-    return value if isinstance(value, str) else str(value)
+    if isinstance(value, str):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    raise RowError(field, f"expected text, got {type(value).__name__}")
 
 
 def messages(value, field: str) -> list[dict]:
@@ -149,14 +159,47 @@ def response(row: dict, field: str) -> str:
 
 
 def rater(row: dict, field: str = "rater") -> str:
-    """`human:<id>` | `ai:<model>:<constitution>`; a bare id means a human; none means anonymous."""
-    value = optional_text(row, field)
-    if value is None:
+    """`human:<id>` | `ai:<model>:<constitution>`; a bare id means a human; none means anonymous.
+    A rater is text: a number or a list is refused rather than stored as `human:7` or `human:['x']`
+    (a number may be a spreadsheet's row index as easily as a user id); so are control characters
+    (raters are shown in reports and metrics labels), more than RATER_MAX_CHARS characters, and a
+    prefix with no id after it.
+
+    >>> rater({"rater": "alice"}), rater({})
+    ('human:alice', 'human:anonymous')
+    >>> try:
+    ...     rater({"rater": 7})
+    ... except RowError as exc:
+    ...     print(exc)
+    rater: expected text such as human:alice or ai:model:constitution, got int
+    """
+    value = row.get(field)
+    if value is None or value == "":
         return ANONYMOUS
+    if not isinstance(value, str):
+        raise RowError(field, "expected text such as human:alice or ai:model:constitution, "
+                       f"got {type(value).__name__}")
+    if len(value) > RATER_MAX_CHARS or CONTROL_CHARS.search(value) or value in RATER_PREFIXES:
+        raise RowError(field, f"{value!r:.60} is not a rater id: at most {RATER_MAX_CHARS} characters, "
+                       "no control characters, and an id after human: or ai:")
     return value if value.startswith(RATER_PREFIXES) else f"human:{value}"
 
 
 def strength(row: dict) -> float | None:
+    """The judgment's Bradley–Terry margin m, in logits: `train rm --margin` asks the reward model for
+    r_chosen − r_rejected ≥ m via −log σ(Δr − m) (Llama 2, Touvron et al. 2023, eq. 2). Valid:
+    0 ≤ m ≤ STRENGTH_MAX. A negative margin would ask the model to prefer the rejected answer
+    (flip the winner instead); σ(10) = 0.99995, so a margin above 10 claims more certainty than a
+    vote can hold, and a huge one (1e308) overflows the loss. Llama 2's own margins were 0–3.
+
+    >>> strength({"strength": "2.5"}), strength({"strength": ""})
+    (2.5, None)
+    >>> try:
+    ...     strength({"strength": -5})
+    ... except RowError as exc:
+    ...     print(exc)
+    strength: -5 is outside 0..10 (a Bradley-Terry margin in logits)
+    """
     value = row.get("strength")
     if value is None or value == "":
         return None
@@ -164,10 +207,13 @@ def strength(row: dict) -> float | None:
         raise RowError("strength", "expected a number, got a boolean")
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise RowError("strength", f"expected a number, got {value!r:.40}") from None
     if not math.isfinite(number):
         raise RowError("strength", "must be a finite number")
+    if not 0.0 <= number <= STRENGTH_MAX:
+        raise RowError("strength", f"{number:.6g} is outside 0..{STRENGTH_MAX:g} "
+                       "(a Bradley-Terry margin in logits)")
     return number
 
 

@@ -33,12 +33,14 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from annotation import bulk, columnar, formats
+from annotation import bulk, columnar, formats, spool
 from annotation.columnar import NeedsPrecise
 from annotation.ids import canonical_json, fill_judgment_ids, with_ids
+from annotation.read_errors import SURROGATE_PROBLEM, encodes, surrogate_field
 from annotation.readers import (
     BATCH_ROWS,
     Part,
+    ReadError,
     Record,
     finished,
     open_parts,
@@ -73,6 +75,7 @@ class IngestResult:
     duplicate: bool = False
     errors: list[str] = field(default_factory=list)
     failed: bool = False
+    self_comparisons: int = 0  # judgments with the same text on both sides (stored; pairs skip them)
 
     @property
     def rows_existing(self) -> int:
@@ -82,12 +85,17 @@ class IngestResult:
     def summary(self) -> str:
         if self.duplicate:
             return f"{self.source}: already ingested as batch {self.batch_id} (same sha256); nothing to do"
+        if self.failed and not self.rows_in:  # the file itself could not be read
+            return f"{self.source}: nothing written"
         head = f"{self.source}: {self.rows_in:,} row{'s' if self.rows_in != 1 else ''}: "
         if self.failed:
             return head + f"{len(self.errors):,} bad; nothing written"
         text = head + f"{self.rows_ok:,} ok, {self.rows_rejected:,} rejected"
         if self.rows_existing:
             text += f", {self.rows_existing:,} already in the store"
+        if self.self_comparisons:
+            text += (f"; {self.self_comparisons:,} compare a response with itself (kept, but pairs, "
+                     "training and the report leave them out)")
         return text + (f" (see rejects, batch {self.batch_id})" if self.rows_rejected else "")
 
 
@@ -105,9 +113,19 @@ def ingest_file(store, path, fmt: str = "auto", on_error: str = "abort", progres
                              "or hf:SPEC for datasets.load_dataset")
         fmt = "auto"
     _check_options(fmt, on_error)
-    parts = open_parts(str(path))
+    try:
+        parts = open_parts(str(path))
+    except ReadError as exc:
+        raise _unreadable(str(path), exc) from None
     return _ingest(store, str(path), sha256_in_background(str(path)), parts,
                    _Options(fmt, on_error, progress, source_model))
+
+
+def _unreadable(source: str, exc: ReadError) -> IngestError:
+    """A source that cannot be read to its end writes nothing, whatever on_error says."""
+    message = str(exc) if str(exc).startswith(source) else f"{source}: {exc}"
+    return IngestError([message], "file", IngestResult(source, None, 0, 0, 0, errors=[message],
+                                                       failed=True))
 
 
 def ingest_records(store, records: list[dict], fmt: str = "auto", source: str = "http",
@@ -116,7 +134,8 @@ def ingest_records(store, records: list[dict], fmt: str = "auto", source: str = 
     _check_options(fmt, on_error)
     if not isinstance(records, list):
         raise IngestError([f"{source}: body: expected a list of rows"], "body")
-    sha = hashlib.sha256(canonical_json(records).encode("utf-8")).hexdigest()
+    # surrogatepass: a lone surrogate must reach its row's check, not fail the hash of the body
+    sha = hashlib.sha256(canonical_json(records).encode("utf-8", "surrogatepass")).hexdigest()
     rows = [_record(i, value) for i, value in enumerate(records, 1)]
     part = Part(source, _no_batches, lambda: iter(rows))
     return _ingest(store, source, finished(sha), [part], _Options(fmt, on_error, False, None))
@@ -131,7 +150,11 @@ def _check_options(fmt: str, on_error: str) -> None:
 
 def _record(row: int, value) -> Record:
     if isinstance(value, dict):
-        return Record(row, row, value, canonical_json(value))
+        raw = canonical_json(value)
+        if not encodes(raw):  # JSON bodies may carry "\ud800"; no text column can store it
+            return Record(row, row, None, raw.encode("utf-8", "replace").decode(),
+                          f"{surrogate_field(value)}: {SURROGATE_PROBLEM}")
+        return Record(row, row, value, raw)
     return Record(row, row, None, str(value)[:10_000], f"row: expected an object, got {type(value).__name__}")
 
 
@@ -149,7 +172,9 @@ class _Options:
 
 def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) -> IngestResult:
     """The columnar path starts before the source's sha256 is known (it is hashed in a thread beside
-    the parse) and stops as soon as the sha256 shows a batch that is in the store already."""
+    the parse) and stops as soon as the sha256 shows a batch that is in the store already. Spool
+    folders that killed ingests of this store left behind are removed first."""
+    spool.sweep(spool.spool_root(store.path))
     try:
         if sha.done():
             _check_new(store, sha.result())
@@ -159,6 +184,8 @@ def _ingest(store, source: str, sha: Future, parts: list[Part], opts: _Options) 
         except NeedsPrecise:
             _check_new(store, sha.result())
             return _write(store, source, sha, lambda w: _precise_pass(w, parts), opts)
+    except ReadError as exc:
+        raise _unreadable(source, exc) from None
     except _Duplicate:
         found = store.find_batch(sha.result())
         return IngestResult(source, found.id, found.rows_in, 0, 0, duplicate=True)
@@ -185,7 +212,7 @@ def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> I
         bulk.drop_earlier_ids(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
         info = store.finish_batch(cur, info, writer.rows_in)
     return IngestResult(source, info.id, info.rows_in, info.rows_ok, info.rows_rejected,
-                        errors=writer.errors)
+                        errors=writer.errors, self_comparisons=store.self_comparisons(batch_id=info.id))
 
 
 class _Writer:
@@ -212,7 +239,7 @@ class _Writer:
         def complete(rest: pa.Table) -> tuple[pa.Table, str]:
             return fill_judgment_ids(rest, self.sha.result()), self.batch().id
 
-        bulk.insert_stream(self.cur, kind, counted(), complete)
+        bulk.insert_stream(self.cur, kind, counted(), complete, spool.spool_root(self.store.path))
 
     def batch(self):
         """The batch row, begun when first needed: the source's sha256 is known then (a file's is
@@ -332,5 +359,5 @@ def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                     raise _Duplicate
                 yield with_ids("judgments", columnar.stage(batch, fmt, offset, opts.source_model), None)
                 offset += batch.num_rows
-        except (pa.ArrowException, NotImplementedError) as exc:
-            raise NeedsPrecise from exc
+        except (pa.ArrowException, NotImplementedError, OSError, UnicodeDecodeError, EOFError) as exc:
+            raise NeedsPrecise from exc  # the precise path names the row, or the file, that is wrong

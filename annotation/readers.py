@@ -20,7 +20,6 @@ import csv
 import gzip
 import hashlib
 import io
-import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -30,26 +29,27 @@ from queue import Empty, Queue
 
 import pyarrow as pa
 
+from annotation.read_errors import ReadError, guarded
+from annotation.records import (
+    Record,
+    batch_records,
+    csv_records,
+    json_records,
+    jsonl_records,
+    open_binary,
+)
+
+__all__ = ["ReadError", "Record", "Part", "open_parts", "read_ahead", "finished", "sha256_in_background"]
+
 GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
 BATCH_BYTES = 32 << 20  # JSON/CSV block size: ~20k rows of ~1.5 kB per chunk, bounded memory
 BATCH_ROWS = 20_000
 HASH_BLOCK = 8 << 20
-
-
-class ReadError(ValueError):
-    """The file cannot be read at all (missing, unknown type); the message says what to pass instead."""
-
-
-@dataclass
-class Record:
-    """One row: its ordinal, the line it starts on, the parsed value (or None) and why it failed."""
-
-    row: int
-    line: int
-    value: dict | None
-    raw: str
-    problem: str | None = None  # "field: what is wrong" when the row could not be parsed
+# pyarrow's JSON parser recurses once per nesting level: 20,000 levels overflowed its stack (a
+# segfault, measured with pyarrow 22); lines that may nest this deep are read row by row instead,
+# where Python's parser stops at its recursion limit and the row is rejected by line.
+MAX_COLUMNAR_DEPTH = 4096
 
 
 @dataclass
@@ -70,7 +70,7 @@ def open_parts(path: str) -> list[Part]:
         raise ReadError(f"{path}: no such file; give a .jsonl/.json/.csv/.parquet file (optionally .gz), "
                         "a folder saved with datasets.save_to_disk, or hf:SPEC")
     kind = file_kind(p)
-    return [Part(str(path), lambda: _BATCHES[kind](p), lambda: _RECORDS[kind](p))]
+    return [Part(str(path), lambda: _BATCHES[kind](p), lambda: guarded(str(path), _RECORDS[kind](p)))]
 
 
 def source_sha256(path: str) -> str:
@@ -128,18 +128,12 @@ def file_kind(path: Path) -> str:
     kind = by_ext.get(suffixes[-1]) if suffixes else None
     if kind:
         return kind
-    with _open_binary(path) as fh:
+    with open_binary(path) as fh:
         head = fh.read(4096)
     if head.startswith(PARQUET_MAGIC):
         return "parquet"
     first = head.lstrip()[:1]
     return {b"[": "json", b"{": "jsonl"}.get(first, "csv")
-
-
-def _open_binary(path: Path):
-    with open(path, "rb") as fh:
-        gz = fh.read(2) == GZIP_MAGIC
-    return gzip.open(path, "rb") if gz else open(path, "rb")
 
 
 def _stream(path: Path) -> pa.NativeFile:
@@ -161,7 +155,7 @@ def _jsonl_batches(path: Path) -> Iterator[pa.RecordBatch]:
     # faster); a later row with another type there fails the parse, and the precise path decides.
     options, parse = pj.ReadOptions(block_size=BATCH_BYTES // 4, use_threads=True), pj.ParseOptions()
     with _stream(path) as stream:
-        for block in _line_blocks(stream, BATCH_BYTES):
+        for block in _line_blocks(stream, BATCH_BYTES, MAX_COLUMNAR_DEPTH):
             table = pj.read_json(pa.BufferReader(block), read_options=options, parse_options=parse)
             if parse.explicit_schema is None:
                 texts = [f for f in table.schema if pa.types.is_string(f.type)]
@@ -170,9 +164,10 @@ def _jsonl_batches(path: Path) -> Iterator[pa.RecordBatch]:
             yield from table.to_batches()
 
 
-def _line_blocks(stream, size: int) -> Iterator[pa.Buffer]:
+def _line_blocks(stream, size: int, max_depth: int | None = None) -> Iterator[pa.Buffer]:
     """The stream in blocks of about `size` bytes that end at a newline (a longer line: one block).
     A seekable stream re-reads the unfinished last line rather than copying the block to prepend it.
+    A block with a line that may nest deeper than `max_depth` raises ArrowInvalid (_may_nest_deeper).
 
     >>> [b.to_pybytes() for b in _line_blocks(io.BytesIO(b'{"a": 1}\\n{"a": 22}\\n{"a"'), 12)]
     [b'{"a": 1}\\n', b'{"a": 22}\\n', b'{"a"']
@@ -187,15 +182,43 @@ def _line_blocks(stream, size: int) -> Iterator[pa.Buffer]:
         rest = b"" if stream.seekable() else block[cut:]
         if stream.seekable():
             stream.seek(stream.tell() - (len(block) - cut))
+        _check_depth(block, cut, max_depth)
         yield pa.py_buffer(block)[:cut]  # a zero-copy slice
     if rest:
+        _check_depth(rest, len(rest), max_depth)
         yield pa.py_buffer(rest)
+
+
+def _check_depth(data: bytes, end: int, max_depth: int | None) -> None:
+    if max_depth and _may_nest_deeper(data, end, max_depth):
+        raise pa.ArrowInvalid(f"a line may nest deeper than {max_depth} levels; read row by row")
+
+
+def _may_nest_deeper(data: bytes, end: int, depth: int) -> bool:
+    """Whether a line of data[:end] has `depth` or more opening brackets, so may nest that deep.
+    Such a line is at least `depth` bytes long, so it covers a whole aligned window of depth // 2
+    bytes without a newline: only lines found that way are counted (a few ms per 32 MB block).
+
+    >>> _may_nest_deeper(b'{"a": [1]}\\n' * 100, 1100, 8), _may_nest_deeper(b'{"a":' + b'[' * 9, 14, 8)
+    (False, True)
+    """
+    window, pos = max(depth // 2, 1), 0
+    while pos + window <= end:
+        if data.find(b"\n", pos, pos + window) >= 0:
+            pos += window
+            continue
+        start, stop = data.rfind(b"\n", 0, pos) + 1, data.find(b"\n", pos, end)
+        stop = end if stop < 0 else stop
+        if data.count(b"[", start, stop) + data.count(b"{", start, stop) >= depth:
+            return True
+        pos = stop + 1
+    return False
 
 
 def _csv_batches(path: Path) -> Iterator[pa.RecordBatch]:
     import pyarrow.csv as pcsv
 
-    with _open_binary(path) as fh:
+    with open_binary(path) as fh:
         header = next(csv.reader(io.TextIOWrapper(fh, encoding="utf-8-sig")), [])
     # Every column as text, like the precise path sees it: "007" stays "007".
     convert = pcsv.ConvertOptions(column_types={name: pa.string() for name in header},
@@ -208,7 +231,7 @@ def _csv_batches(path: Path) -> Iterator[pa.RecordBatch]:
 def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
     import pyarrow.parquet as pq
 
-    with _open_binary(path) as fh:
+    with open_binary(path) as fh:
         source = pa.BufferReader(fh.read()) if isinstance(fh, gzip.GzipFile) else fh
         yield from pq.ParquetFile(source).iter_batches(batch_size=BATCH_ROWS)
 
@@ -217,80 +240,17 @@ def _no_batches(path: Path) -> Iterator[pa.RecordBatch]:
     raise NotImplementedError("a JSON list is read row by row")
 
 
-# --- row-by-row reads -------------------------------------------------------------------------
-
-
-def _jsonl_records(path: Path) -> Iterator[Record]:
-    row = 0
-    with io.TextIOWrapper(_open_binary(path), encoding="utf-8", errors="replace") as fh:
-        for line, raw in enumerate(fh, 1):
-            if not raw.strip():
-                continue
-            row += 1
-            yield _parse_json(row, line, raw.rstrip("\n"))
-
-
-def _parse_json(row: int, line: int, raw: str) -> Record:
-    try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        return Record(row, line, None, raw, f"json: not valid JSON ({exc.msg} at column {exc.colno})")
-    if not isinstance(value, dict):
-        return Record(row, line, None, raw, f"row: expected a JSON object, got {type(value).__name__}")
-    return Record(row, line, value, raw)
-
-
-def _json_records(path: Path) -> Iterator[Record]:
-    with _open_binary(path) as fh:
-        try:
-            data = json.load(fh)
-        except json.JSONDecodeError as exc:
-            yield Record(1, exc.lineno, None, "", f"json: not valid JSON ({exc.msg} at line {exc.lineno})")
-            return
-    if isinstance(data, dict):
-        data = [data]
-    for row, value in enumerate(data, 1):
-        yield _value_record(row, value)
-
-
-def _value_record(row: int, value) -> Record:
-    raw = json.dumps(value, ensure_ascii=False, default=str)
-    if not isinstance(value, dict):
-        return Record(row, row, None, raw, f"row: expected an object, got {type(value).__name__}")
-    return Record(row, row, value, raw)
-
-
-def _csv_records(path: Path) -> Iterator[Record]:
-    with io.TextIOWrapper(_open_binary(path), encoding="utf-8-sig", newline="") as fh:
-        reader = csv.DictReader(fh)
-        start, row = 2, 0
-        for value in reader:
-            row += 1
-            extra = value.pop(None, None)
-            raw = json.dumps(value, ensure_ascii=False)
-            if extra is not None:
-                yield Record(row, start, None, raw, f"row: {len(extra)} more fields than the header")
-            else:
-                yield Record(row, start, value, raw)
-            start = reader.line_num + 1
+# --- row-by-row reads (annotation.records) -------------------------------------------------------
 
 
 def _parquet_records(path: Path) -> Iterator[Record]:
-    return _batch_records(_parquet_batches(path))
-
-
-def _batch_records(batches: Iterator[pa.RecordBatch]) -> Iterator[Record]:
-    row = 0
-    for batch in batches:
-        for value in batch.to_pylist():
-            row += 1
-            yield _value_record(row, value)
+    return batch_records(_parquet_batches(path))
 
 
 _BATCHES = {"jsonl": _jsonl_batches, "csv": _csv_batches, "parquet": _parquet_batches,
             "json": _no_batches}
-_RECORDS = {"jsonl": _jsonl_records, "csv": _csv_records, "parquet": _parquet_records,
-            "json": _json_records}
+_RECORDS = {"jsonl": jsonl_records, "csv": csv_records, "parquet": _parquet_records,
+            "json": json_records}
 
 
 # --- Hugging Face datasets ----------------------------------------------------------------------
@@ -325,7 +285,7 @@ def _hf_parts(label: str, data) -> list[Part]:
             for table in ds.with_format("arrow").iter(batch_size=BATCH_ROWS):
                 yield from table.to_batches()
         parts.append(Part(f"{label}[{name}]" if name else label, batches,
-                          lambda batches=batches: _batch_records(batches())))
+                          lambda batches=batches: batch_records(batches())))
     return parts
 
 

@@ -14,6 +14,12 @@ of 300k judgments). Staged chunks hold the response texts (most of the bytes) an
 
 Memory stays bounded: the stream holds a chunk or two, and the rest lives on disk.
 
+Where the spool lives (`spool_folder`): beside the store, in `<store>.spool/ingest-<pid>-…/`, on the
+store's own disk (not /tmp, often a small tmpfs in RAM). A `kill -9` cannot clean up after itself,
+so each folder holds a lock file its ingest keeps `flock`ed; the kernel drops that lock when the
+process dies, however it dies, and the next ingest of the store (`sweep`) removes every folder whose
+lock it can take. An in-memory store spools under the temp dir's `bradley-spool/`, swept the same way.
+
     >>> import tempfile
     >>> chunk = pa.table({"pid": ["p"], "prompt": ["q?"], "messages": pa.nulls(1, pa.string()),
     ...     "new_p": [True], "rid": ["r"], "completion": ["yes"], "model": ["m"], "new_r": [True]})
@@ -26,11 +32,27 @@ Memory stays bounded: the stream holds a chunk or two, and the rest lives on dis
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import tempfile
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: a folder's owner is then judged by its PID alone
+    fcntl = None
+
+LOCK_NAME = "owner.lock"
+FOLDER_PREFIX = "ingest-"
+CLAIM_PREFIX = "claim-"  # a folder being set up, not yet locked
+YOUNG_SECONDS = 60  # a claim this new may still be setting up: leave it to its owner
+SHARED_ROOT = "bradley-spool"  # the temp dir's root for in-memory stores, shared between processes
 
 RESPONSE_SCHEMA = pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("text", pa.string()),
                              ("source_model", pa.string())])
@@ -90,3 +112,92 @@ def _new_responses(kind: str, staged: pa.Table) -> pa.Table:
             side = side.filter(new)
         parts.append(pa.Table.from_arrays(side.columns, schema=RESPONSE_SCHEMA))
     return pa.concat_tables(parts)
+
+
+# --- the spool's folder ---------------------------------------------------------------------------
+
+
+def spool_root(store_path: str) -> Path:
+    """`<store>.spool` beside a DuckDB file; the temp dir's `bradley-spool` for an in-memory store.
+
+    >>> str(spool_root("/data/bradley.duckdb")), spool_root(":memory:").name
+    ('/data/bradley.duckdb.spool', 'bradley-spool')
+    """
+    if not store_path or store_path.startswith(":memory:"):
+        return Path(tempfile.gettempdir()) / SHARED_ROOT
+    return Path(store_path + ".spool")
+
+
+@contextlib.contextmanager
+def spool_folder(root: Path) -> Iterator[str]:
+    """A fresh folder under `root`, locked by this process while the block runs, then removed
+    (with a store's `root` when nothing else is left in it). What dead ingests left is swept first.
+
+    The folder is made as `claim-…`, locked, then renamed `ingest-…`: every `ingest-` folder is
+    locked from the moment it has that name, so a sweep in another process (in-memory stores share
+    the temp dir's root) never takes one between its creation and its lock."""
+    sweep(root)
+    root.mkdir(parents=True, exist_ok=True)
+    claim = Path(tempfile.mkdtemp(prefix=f"{CLAIM_PREFIX}{os.getpid()}-", dir=root))
+    try:
+        with open(claim / LOCK_NAME, "w") as lock:
+            if fcntl is not None:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: nobody holds it
+            folder = claim.with_name(FOLDER_PREFIX + claim.name[len(CLAIM_PREFIX):])
+            claim.rename(folder)  # the lock belongs to the open file, which follows the rename
+            try:
+                yield str(folder)
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
+    finally:
+        shutil.rmtree(claim, ignore_errors=True)  # only if the rename did not happen
+        if root.name != SHARED_ROOT:
+            with contextlib.suppress(OSError):
+                root.rmdir()  # only when empty
+
+
+def sweep(root: Path) -> list[str]:
+    """Remove the spool folders under `root` whose ingest is gone; returns what was removed."""
+    if not root.is_dir():
+        return []
+    removed = []
+    for folder in [*root.glob(FOLDER_PREFIX + "*"), *root.glob(CLAIM_PREFIX + "*")]:
+        if folder.is_dir() and not _owner_alive(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(str(folder))
+    if root.name != SHARED_ROOT:  # another process may be about to make a folder in the shared one
+        with contextlib.suppress(OSError):
+            root.rmdir()
+    return removed
+
+
+def _owner_alive(folder: Path) -> bool:
+    """Whether the process that made `folder` still runs: it holds the folder's lock (a flock
+    survives PID reuse, unlike a PID check). A `claim-` folder is being set up: alive while young."""
+    if folder.name.startswith(CLAIM_PREFIX):
+        try:
+            return time.time() - folder.stat().st_mtime < YOUNG_SECONDS
+        except OSError:  # gone already (renamed or removed)
+            return True
+    try:
+        lock = open(folder / LOCK_NAME, "a")
+    except OSError:  # removed under us: nothing to do
+        return True
+    with lock:
+        if fcntl is None:
+            return _pid_alive(folder.name[len(FOLDER_PREFIX):].split("-")[0])
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        return False  # closing the file releases the lock just taken
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True

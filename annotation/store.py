@@ -20,7 +20,8 @@ from pathlib import Path
 import duckdb
 import pyarrow as pa
 
-from annotation.ids import canonical_json, content_id
+from annotation.ids import canonical_json
+from annotation.snapshots import RATER_KINDS, SnapshotQueries, rater_prefix  # noqa: F401 (re-exported)
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 1
@@ -29,7 +30,6 @@ MIGRATIONS: dict[int, str] = {}
 
 TABLES = ("prompts", "responses", "judgments", "feedback", "batches", "rejects",
           "snapshots", "models", "ref_logps")
-RATER_KINDS = {"human": "human:", "ai": "ai:"}
 
 
 class StoreError(ValueError):
@@ -38,13 +38,6 @@ class StoreError(ValueError):
 
 class StoreLockedError(StoreError):
     """Another process holds the DuckDB file (DuckDB allows one writer, and no reader beside it)."""
-
-
-def rater_prefix(raters: str | None) -> str | None:
-    """'human' -> 'human:', 'ai' -> 'ai:', anything else is used as a prefix as given; None keeps all."""
-    if raters is None or raters == "":
-        return None
-    return RATER_KINDS.get(raters, raters)
 
 
 @dataclass
@@ -58,8 +51,9 @@ class BatchInfo:
     rows_rejected: int
 
 
-class Store:
-    """One connection to one DuckDB file. Threads use `cursor()`; writes go through `write_batch`."""
+class Store(SnapshotQueries):
+    """One connection to one DuckDB file. Threads use `cursor()`; writes go through `write_batch`.
+    Snapshot queries live in annotation/snapshots.py."""
 
     def __init__(self, path: str | Path = "bradley.duckdb", read_only: bool = False):
         self.path = str(path)
@@ -201,29 +195,6 @@ class Store:
     def counts(self) -> dict[str, int]:
         return {t: self.con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
                 for t in (*TABLES, "pairs")}
-
-    # -- snapshots -----------------------------------------------------------------------------
-
-    def create_snapshot(self, raters: str | None = None) -> str:
-        """Freeze what a run reads: the rater filter and the newest batch now in the store."""
-        prefix = rater_prefix(raters)
-        max_seq = self.con.execute("SELECT coalesce(max(seq), 0) FROM batches").fetchone()[0]
-        filt = {"rater_prefix": prefix, "max_batch_seq": max_seq}
-        n = self.con.execute("SELECT count(*) FROM judgments_in(?, ?)", [max_seq, prefix]).fetchone()[0]
-        snap = content_id(canonical_json(filt), uuid.uuid4().hex)
-        self.con.execute("INSERT INTO snapshots (id, filter, n_judgments) VALUES (?, ?, ?)",
-                         [snap, canonical_json(filt), n])
-        return snap
-
-    def snapshot_filter(self, snapshot_id: str | None = None, raters: str | None = None) -> tuple:
-        """(max_batch_seq, rater_prefix) for a snapshot id, or for 'everything now' with a rater filter."""
-        if snapshot_id is None:
-            return None, rater_prefix(raters)
-        row = self.con.execute("SELECT filter FROM snapshots WHERE id = ?", [snapshot_id]).fetchone()
-        if row is None:
-            raise StoreError(f"snapshot {snapshot_id!r} not found; list them with `bradley report`")
-        filt = json.loads(row[0])
-        return filt["max_batch_seq"], filt["rater_prefix"]
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -367,7 +338,8 @@ def _translate_io_error(path: str, exc: Exception) -> StoreError:
         pid = match.group(1)
         return StoreLockedError(
             f"{path} is locked by another process (PID {pid}{_process_name(pid)}); DuckDB allows one "
-            f"writer: stop that process, or send the work through it with --server URL")
+            f"writer: stop that process, or send the work to it over HTTP (POST /judgments, /pairs or "
+            f"/feedback for uploads, GET /reports/latest for a report) if it is `bradley serve`")
     return StoreError(f"cannot open {path}: {message}")
 
 

@@ -13,6 +13,8 @@ import os
 import sys
 from collections.abc import Callable
 
+from service import cli_snapshots  # subcommands in modules of their own
+
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
 
@@ -289,6 +291,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "serve": (_add_serve, cmd_serve),
     "models": (_add_models, cmd_models),
     "demo": (_add_demo, cmd_demo),
+    "snapshots": (cli_snapshots.add, cli_snapshots.run),
 }
 
 

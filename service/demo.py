@@ -8,13 +8,28 @@ Each step goes through the same CLI a user types, so the demo is also a smoke te
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from annotation.simulate import BAD_WORDS, GOOD_WORDS
 from service import cli
+
+# The demo's reward model learns the simulator's signal: quality shows as the share of good words
+# (clear, tested, correct…) against bad ones (vague, sloppy, garbled…), and each bad word has the
+# length of the good word it replaces. So the two answers scored at the end differ in those words
+# only, at equal length: the score difference can come from nothing else.
+SCORE_PROMPT = "Question 3: how does hashing work?"
+GOOD_ANSWER = ("The answer is a clear and tested method: check the value first, then the result is "
+               "correct, precise and accurate.")
+BAD_ANSWER = re.sub(r"[a-z]+", lambda m: dict(zip(GOOD_WORDS, BAD_WORDS, strict=True)).get(m[0], m[0]),
+                    GOOD_ANSWER)
+SCORE_NOTE = ("The tiny model learned the simulator's word signal (good vs bad words), not advice: "
+              "these scores rank word choice. Train on real preferences for scores that mean more.")
 
 
 def _step(title: str) -> None:
@@ -52,14 +67,12 @@ def _serve_and_score(db: str, model_id: str) -> None:
     try:
         client = ScoreClient(f"http://127.0.0.1:{port}")
         client.wait_ready(timeout=120)
-        prompt = "How should I store user passwords?"
-        responses = [
-            "Hash them with a slow, salted algorithm such as argon2 and never store the plain text.",
-            "Just keep them in a text file.",
-        ]
-        scores = client.score([prompt] * len(responses), responses)
+        responses = [GOOD_ANSWER, BAD_ANSWER]
+        scores = client.score([SCORE_PROMPT] * len(responses), responses)
+        print(f"prompt: {SCORE_PROMPT}")
         for response, score in zip(responses, scores, strict=True):
             print(f"{score:+.3f}  {response}")
+        print(SCORE_NOTE)
     finally:
         server.terminate()  # SIGTERM: the server drains its queue, then exits
         server.wait(timeout=60)
@@ -98,4 +111,33 @@ def run(workdir: str = "demo", db: str | None = None, seed: int = 0) -> int:
     _step("7. serve the reward model and score with the client")
     _serve_and_score(db, model["id"])
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s; files in {work}/")
+    print(next_steps(db, work), flush=True)
     return 0
+
+
+def next_steps(db: str, work: Path) -> str:
+    """What to type next, with the line that puts `bradley` on the PATH when it is not (`make demo`
+    runs it from .venv/bin, which a fresh shell does not know).
+
+    >>> print(next_steps("demo/bradley.duckdb", Path("demo")))  # doctest: +ELLIPSIS
+    Next: ...
+      bradley --db demo/bradley.duckdb report --html demo/report.html
+      bradley --db demo/bradley.duckdb snapshots
+    """
+    here = Path(sys.executable).parent
+    found = shutil.which("bradley")
+    lines = ["Next: open demo/report.html, or try these commands:" if str(work) == "demo"
+             else f"Next: open {work / 'report.html'}, or try these commands:"]
+    if found is None or Path(found).parent != here:
+        lines.append(f"  source {_shown(here / 'activate')}    # or: export PATH=\"{here}:$PATH\"")
+    lines += [f"  bradley --db {db} report --html {work / 'report.html'}",
+              f"  bradley --db {db} snapshots"]
+    return "\n".join(lines)
+
+
+def _shown(path: Path) -> str:
+    """`path` relative to the working directory when it is under it (.venv/bin/activate)."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)

@@ -166,11 +166,14 @@ def test_verdict_counts_problems_from_the_figures():
     bad["agreement"].update(krippendorff_alpha=0.1, flagged_raters=["human:x"])
     bad["cycles"].update(gap=0.2, gap_bootstrap_corrected=0.15, gap_bootstrap_p_value=0.001)
     out = report.verdict(bad)
-    assert out["problems"] == 3 and out["headline"] == "Fix the data first: 3 problems."
-    assert "longer answer wins 70%" in out["findings"][0] and "human:x" in out["findings"][1]
+    # length, alpha, the flagged rater and the gap: one finding each (issue 14: the count and the
+    # list used to differ)
+    assert out["problems"] == 4 and out["headline"] == "Fix the data first: 4 problems."
+    assert "longer answer wins 70%" in out["findings"][0] and "human:x" in out["findings"][2]
+    assert out["problem"] == [True, True, True, True]
     # a big plug-in gap that the bootstrap explains as noise is not a problem
     bad["cycles"].update(gap_bootstrap_corrected=0.0, gap_bootstrap_p_value=0.7)
-    assert report.verdict(bad)["problems"] == 2
+    assert report.verdict(bad)["problems"] == 3
 
 
 def test_a_snapshot_replays_exactly_what_the_report_read(store):

@@ -142,18 +142,18 @@ def is_valid(row: dict) -> bool:
     if row.get("messages") not in (None, ""):
         return False  # the strategy's scalars are never a list of {role, content}
     strength = row.get("strength")
-    strength_ok = strength in (None, "") or (not isinstance(strength, bool) and _finite(strength))
+    strength_ok = strength in (None, "") or (not isinstance(strength, bool) and _margin(strength))
     created = row.get("created_at")
     created_ok = created in (None, "") or _iso(created)
     return texts and prompt_ok and row.get("winner") in ("a", "b", "tie") and strength_ok and created_ok
 
 
-def _finite(value) -> bool:
+def _margin(value) -> bool:
     try:
         number = float(value)
     except (TypeError, ValueError):
         return False
-    return number not in (float("inf"), float("-inf")) and number == number
+    return 0.0 <= number <= 10.0  # a Bradley-Terry margin (formats.strength); also no inf, no nan
 
 
 def _iso(value) -> bool:
@@ -256,3 +256,5 @@ def test_lock_conflict_names_the_pid(tmp_path):
     assert cli.returncode == 1
     assert f"locked by another process (PID {holder.pid}" in cli.stderr
     assert "Traceback" not in cli.stderr
+    # it names what exists (the running server's upload route), not a --server flag that does not
+    assert "--server" not in cli.stderr and "POST /judgments" in cli.stderr
