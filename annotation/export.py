@@ -1,8 +1,12 @@
 """Export: the store's resolved pairs (TRL) or its judgments (JSONL, Parquet, a saved HF DatasetDict).
 
-- `trl`: one row per resolved pair, TRL's preference format `prompt, chosen, rejected` (strings, or
-  conversational message lists when the prompt came as a conversation). Pairs whose votes split evenly
-  state no preference and are left out (counted in `skipped_unresolved`).
+- `trl`: one row per resolved pair, TRL's preference format `prompt, chosen, rejected`, in one shape
+  for the whole file (TRL cannot train on a mix): `shape="text"` (strings; conversations become hh
+  transcripts, annotation/transcripts.py), `"conversational"` (message lists; text prompts become
+  messages: an hh transcript alternates user/assistant turns, plain text is one user turn) or
+  `"auto"` (the store's one shape, conversational when it holds both). A text prompt that carries
+  speaker markers but is no clean transcript cannot become messages: the export refuses and counts
+  them. Pairs whose votes split evenly state no preference and are left out (`skipped_unresolved`).
 - `jsonl` / `parquet`: one row per judgment with the columns ingest reads back (`id, prompt, messages,
   response_a, response_b, winner, strength, rater, source, created_at, rationale, model_a, model_b,
   metadata`), so exporting and ingesting into an empty store gives the same prompts, responses and
@@ -26,23 +30,30 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from annotation.transcripts import to_messages, to_text
+
 JUDGMENT_COLUMNS = {  # export column <- store.judgments() column
     "id": "id", "prompt": "prompt", "messages": "messages", "response_a": "response_a_text",
     "response_b": "response_b_text", "winner": "winner", "strength": "strength", "rater": "rater",
     "source": "source", "created_at": "created_at", "rationale": "rationale", "model_a": "model_a",
     "model_b": "model_b", "metadata": "metadata"}
-JSON_COLUMNS = ("messages", "metadata")  # stored as JSON text; nested values in JSONL
+JSON_COLUMNS = ("messages", "metadata")
+SHAPES = ("auto", "text", "conversational")  # of a TRL export  # stored as JSON text; nested values in JSONL
 
 
 class ExportError(ValueError):
     """The export cannot be written as asked; the message says what to change."""
 
 
-def export(store, fmt: str, out, snapshot_id: str | None = None, raters: str | None = None) -> dict:
-    """Write the store (or a snapshot of it) to OUT; returns a summary {"format","path","rows",...}."""
+def export(store, fmt: str, out, snapshot_id: str | None = None, raters: str | None = None,
+           shape: str = "auto") -> dict:
+    """Write the store (or a snapshot of it) to OUT; returns a summary {"format","path","rows",...}.
+    `shape` (auto | text | conversational) applies to `trl`."""
     if fmt not in EXPORTERS:
         raise ExportError(f"unknown export format {fmt!r}; use {', '.join(EXPORTERS)}")
-    summary = EXPORTERS[fmt](store, Path(out), snapshot_id, raters)
+    if shape not in SHAPES:
+        raise ExportError(f"unknown shape {shape!r}; use {', '.join(SHAPES)}")
+    summary = EXPORTERS[fmt](store, Path(out), snapshot_id, raters, shape=shape)
     return {"format": fmt, "path": str(out), **summary, "snapshot_id": snapshot_id, "raters": raters}
 
 
@@ -52,52 +63,59 @@ def judgment_table(store, snapshot_id: str | None = None, raters: str | None = N
     return pa.table({name: _plain(table.column(src)) for name, src in JUDGMENT_COLUMNS.items()})
 
 
-def trl_rows(pairs: pa.Table) -> list[dict]:
-    """TRL preference rows from `Store.pairs()`; conversational when the prompt has messages.
+def trl_rows(pairs: pa.Table, shape: str = "auto") -> list[dict]:
+    """TRL preference rows from `Store.pairs()`, all of one shape (see the module docstring).
 
-    >>> t = pa.table({"prompt": ["2+2?"], "messages": [None], "chosen": ["4"], "rejected": ["5"]})
-    >>> trl_rows(t)
-    [{'prompt': '2+2?', 'chosen': '4', 'rejected': '5'}]
+    >>> t = pa.table({"prompt": ["2+2?", None], "chosen": ["4", "Hi!"], "rejected": ["5", "No."],
+    ...               "messages": [None, '[{"role": "user", "content": "Say hi"}]']})
+    >>> trl_rows(t, "text")[1]["prompt"]
+    '\\n\\nHuman: Say hi\\n\\nAssistant:'
+    >>> trl_rows(t)[0]
+    {'prompt': [{'role': 'user', 'content': '2+2?'}], 'chosen': [{'role': 'assistant', 'content': '4'}], 'rejected': [{'role': 'assistant', 'content': '5'}]}
     """
-    rows = []
-    for p in pairs.select(["prompt", "messages", "chosen", "rejected"]).to_pylist():
-        if p["messages"] is None:
-            rows.append({"prompt": p["prompt"], "chosen": p["chosen"], "rejected": p["rejected"]})
-        else:
-            rows.append({"prompt": json.loads(p["messages"]),
-                         "chosen": [{"role": "assistant", "content": p["chosen"]}],
-                         "rejected": [{"role": "assistant", "content": p["rejected"]}]})
-    return rows
+    rows = pairs.select(["prompt", "messages", "chosen", "rejected"]).to_pylist()
+    n_conv = sum(r["messages"] is not None for r in rows)
+    if shape == "auto":
+        shape = "conversational" if n_conv else "text"
+    if shape == "text":
+        return [{"prompt": to_text(json.loads(r["messages"])) if r["messages"] else r["prompt"],
+                 "chosen": r["chosen"], "rejected": r["rejected"]} for r in rows]
+    prompts = [json.loads(r["messages"]) if r["messages"] else to_messages(r["prompt"]) for r in rows]
+    unclear = sum(p is None for p in prompts)
+    if unclear:
+        raise ExportError(f"{n_conv} pairs have conversational prompts and {len(rows) - n_conv} text "
+                          f"prompts, of which {unclear} carry Human/Assistant markers but are not clean "
+                          "hh transcripts, so they cannot become messages; export with --as text")
+    return [{"prompt": p, "chosen": [{"role": "assistant", "content": r["chosen"]}],
+             "rejected": [{"role": "assistant", "content": r["rejected"]}]}
+            for p, r in zip(prompts, rows, strict=True)]
 
 
-def _export_trl(store, out: Path, snapshot_id, raters) -> dict:
+def _export_trl(store, out: Path, snapshot_id, raters, shape: str = "auto") -> dict:
     pairs = store.pairs(snapshot_id, raters)
     resolved = pairs.filter(pc.greater(pairs.column("votes_chosen"), pairs.column("votes_rejected")))
-    rows = trl_rows(resolved)
+    rows = trl_rows(resolved, shape)
     if out.suffix == ".parquet":
-        try:
-            _atomic_file(out, lambda tmp: _write_parquet(pa.Table.from_pylist(rows), tmp))
-        except pa.ArrowException:
-            raise ExportError("the pairs mix plain and conversational prompts, which one Parquet "
-                              "column cannot hold; export to a .jsonl OUT instead") from None
+        _atomic_file(out, lambda tmp: _write_parquet(pa.Table.from_pylist(rows), tmp))
     else:
         _atomic_file(out, lambda tmp: _write_jsonl(rows, tmp))
-    return {"rows": len(rows), "skipped_unresolved": pairs.num_rows - resolved.num_rows}
+    kind = "conversational" if rows and isinstance(rows[0]["prompt"], list) else "text"
+    return {"rows": len(rows), "skipped_unresolved": pairs.num_rows - resolved.num_rows, "as": kind}
 
 
-def _export_jsonl(store, out: Path, snapshot_id, raters) -> dict:
+def _export_jsonl(store, out: Path, snapshot_id, raters, **_) -> dict:
     table = judgment_table(store, snapshot_id, raters)
     _atomic_file(out, lambda tmp: _write_jsonl(_json_rows(table), tmp))
     return {"rows": table.num_rows}
 
 
-def _export_parquet(store, out: Path, snapshot_id, raters) -> dict:
+def _export_parquet(store, out: Path, snapshot_id, raters, **_) -> dict:
     table = judgment_table(store, snapshot_id, raters)
     _atomic_file(out, lambda tmp: _write_parquet(table, tmp))
     return {"rows": table.num_rows}
 
 
-def _export_hf(store, out: Path, snapshot_id, raters) -> dict:
+def _export_hf(store, out: Path, snapshot_id, raters, **_) -> dict:
     import datasets
 
     if out.exists():

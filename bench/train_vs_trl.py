@@ -3,8 +3,8 @@
 Same Llama-style model built from a config (hidden 256, 4 layers, ~5M parameters), same 256
 synthetic pairs of mixed length (about 30 to 256 tokens), batch 8, max length 256, the same number
 of optimizer steps, learning rate, warmup + cosine schedule and clipping. TRL runs in a venv of its
-own (bench/.trl-venv, created here on first use with `pip install torch==2.13.0 trl`); it is never
-a dependency of bradley. Both final accuracies are measured on the same 64 held-out pairs. Both
+own (tests/cached_venv.py: ~/.cache/bradley-tests/trl-<version>/, torch 2.13.0 + trl, built on
+first use); it is never a dependency of bradley. Both final accuracies are measured on the same 64 held-out pairs. Both
 train in fp32: RewardConfig's `bf16=True` default is turned off (see bench/dpo_vs_trl.py).
 
 Prints one JSON line: rm_steps_per_s, trl_rm_steps_per_s, rm_speedup_vs_trl, rm_val_accuracy,
@@ -24,7 +24,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-TRL_VENV = ROOT / "bench" / ".trl-venv"
 WORK = ROOT / "bench" / "out" / "train_vs_trl"
 GOOD = ("correct", "clear", "helpful", "precise", "accurate", "careful")
 BAD = ("wrong", "vague", "useless", "sloppy", "garbled", "careless")
@@ -76,12 +75,10 @@ def synthetic_pairs(n: int, seed: int) -> list[dict]:
 
 
 def ensure_trl_venv() -> Path:
-    python = TRL_VENV / "bin" / "python"
-    if not python.exists():  # about 2 minutes; the local torch CPU wheel is reused
-        subprocess.run(["python3.11", "-m", "venv", str(TRL_VENV)], check=True)
-        subprocess.run([str(TRL_VENV / "bin" / "pip"), "install", "-q", "torch==2.13.0", "trl"],
-                       check=True)
-    return python
+    """The tests' cached TRL venv (tests/cached_venv.py): built once, about 2 minutes."""
+    from tests.cached_venv import trl_venv
+
+    return trl_venv()
 
 
 def build_model(rows: list[dict], folder: Path) -> int:

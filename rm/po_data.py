@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from rm.data import length_grouped_batches, row_prompt, shard, split_of
-from rm.tokenizer import as_messages, as_text, truncate_left
+from rm.template import render as render_text
+from rm.tokenizer import truncate_left
 
 TEMPLATE_FORMAT = 1  # bump when the text layout here changes: it invalidates cached ref log-probs
 
@@ -50,19 +51,10 @@ class Encoded:
 
 
 def render(tokenizer, prompt: str | list[dict], response: str) -> tuple[str, str, bool]:
-    """(prompt part, full text, add special tokens?) in rm/tokenizer.py's layout: the chat
+    """(prompt part, full text, add special tokens?) in rm/template.py's layout: the chat
     template with the assistant turn when there is one, else `prompt \\n\\n response <eos>`."""
-    if getattr(tokenizer, "chat_template", None):
-        messages = as_messages(prompt)
-        head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(
-            messages + [{"role": "assistant", "content": response}], tokenize=False)
-        if not full.startswith(head):
-            raise ValueError("the chat template renders the prompt differently with and without "
-                             "the response; use a tokenizer whose template appends the assistant turn")
-        return head, full, False  # templates carry their own bos
-    head = as_text(prompt) + "\n\n"
-    return head, head + response + (tokenizer.eos_token or ""), True
+    head, full = render_text(tokenizer, prompt, response)
+    return head, full, not getattr(tokenizer, "chat_template", None)  # templates carry their own bos
 
 
 def encode(tokenizer, prompt: str | list[dict], response: str,

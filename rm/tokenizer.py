@@ -1,12 +1,12 @@
 """How text becomes token ids: a tiny byte-level BPE for tests, and the one encoding of
 (prompt, response) that training, evaluation and serving all share.
 
-A scored sequence is the prompt and the response rendered together: through the tokenizer's chat
-template when it has one (user turn + assistant turn), else as a sentence pair for encoders
-(`[CLS] prompt [SEP] response [SEP]`) or `prompt \\n\\n response <eos>` for decoders. Sequences
-longer than `max_length` lose tokens from the prompt's left (after a leading special token), so the
-response, the part being judged, survives; only a response that alone exceeds the limit is cut at
-its end. Nothing is dropped.
+A scored sequence is the prompt and the response rendered together, as rm/template.py decides:
+through the tokenizer's chat template when it has one (user turn + assistant turn), else as a
+sentence pair for encoders (`[CLS] prompt [SEP] response [SEP]`) or `prompt \\n\\n response <eos>`
+for decoders. Sequences longer than `max_length` lose tokens from the prompt's left (after a
+leading special token), so the response, the part being judged, survives; only a response that
+alone exceeds the limit is cut at its end. Nothing is dropped.
 
     >>> from rm.tokenizer import truncate_left
     >>> truncate_left([1, 10, 11, 12, 20, 21], n_prompt=4, max_length=4, keep_head=1)
@@ -16,6 +16,8 @@ its end. Nothing is dropped.
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from rm.template import as_messages, as_text, render  # noqa: F401  (re-exported)
 
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}</s>{% endfor %}"
@@ -54,28 +56,6 @@ def build_bpe_tokenizer(texts: Sequence[str], vocab_size: int = 512, chat_templa
     if chat_template:
         tok.chat_template = CHAT_TEMPLATE
     return tok
-
-
-def as_messages(prompt: str | list[dict]) -> list[dict]:
-    """A prompt as a conversation: text becomes one user turn.
-
-    >>> as_messages("hi")
-    [{'role': 'user', 'content': 'hi'}]
-    """
-    if isinstance(prompt, str):
-        return [{"role": "user", "content": prompt}]
-    return [dict(m) for m in prompt]
-
-
-def as_text(prompt: str | list[dict]) -> str:
-    """A prompt as plain text, for tokenizers without a chat template.
-
-    >>> as_text([{"role": "user", "content": "hi"}])
-    'user: hi'
-    """
-    if isinstance(prompt, str):
-        return prompt
-    return "\n\n".join(f"{m['role']}: {m['content']}" for m in prompt)
 
 
 def truncate_left(ids: list[int], n_prompt: int, max_length: int | None,
@@ -117,18 +97,15 @@ def encode_prompt_response(tokenizer, prompt: str | list[dict], response: str,
     '<|user|>\\nhello</s><|assistant|>\\n'
     """
     if tokenizer.chat_template:
-        messages = as_messages(prompt)
-        head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
-                                             tokenize=False)
+        head, full = render(tokenizer, prompt, response)
         # templates carry their own bos; adding special tokens again would double it
         ids, n_prompt = _prefix_split(tokenizer, head, full, add_special_tokens=False)
     elif tokenizer.sep_token_id is not None and tokenizer.cls_token_id is not None:
         ids = tokenizer(as_text(prompt), response, verbose=False)["input_ids"]
         n_prompt = ids.index(tokenizer.sep_token_id) + 1
     else:
-        head = as_text(prompt) + "\n\n"
-        ids, n_prompt = _prefix_split(tokenizer, head, head + response, add_special_tokens=True)
+        head, full = render(tokenizer, prompt, response, eos=False)
+        ids, n_prompt = _prefix_split(tokenizer, head, full, add_special_tokens=True)
         if tokenizer.eos_token_id is not None and (not ids or ids[-1] != tokenizer.eos_token_id):
             ids.append(tokenizer.eos_token_id)
     keep_head = 1 if ids and ids[0] in (tokenizer.bos_token_id, tokenizer.cls_token_id) else 0

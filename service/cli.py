@@ -72,13 +72,17 @@ def _add_export(sub) -> None:
     p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"])
     p.add_argument("--snapshot", default=None, help="reproduce exactly what a past run read")
     p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
+    p.add_argument("--as", dest="shape", default="auto", choices=["auto", "text", "conversational"],
+                   help="trl: one prompt shape for the whole file (auto: the store's, "
+                        "conversational when it holds both)")
 
 
 def cmd_export(args) -> int:
     from annotation.export import export
 
     with _open_store(args, read_only=True) as store:
-        summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters)
+        summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters,
+                         shape=args.shape)
     _print_json(summary)
     return 0
 

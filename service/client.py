@@ -1,29 +1,42 @@
-"""A small client for the scoring service, synchronous and asyncio, plus ready adapters for trainers.
+"""A small client for the scoring service, plus ready adapters for trainers. Standard library only:
+trainers import this file, or load it by path (verl), from environments that hold torch and their
+own packages and nothing of bradley's server (the async client uses httpx when it is installed).
 
     client = ScoreClient("http://127.0.0.1:8000")
     client.score(["What is 2+2?"] * 2, ["4", "5"])            # -> [1.3, -0.4]
 
-Adapters:
+Adapters (README, "Use from your trainer"):
 - TRL GRPO: `GRPOTrainer(reward_funcs=[trl_reward_func("http://host:8000")], ...)`; TRL calls it as
   `reward_func(prompts=..., completions=..., **dataset_columns)` with plain or conversational data.
-- verl: `custom_reward_function.path=<this file> custom_reward_function.name=compute_score`; the
-  server comes from BRADLEY_URL (default http://127.0.0.1:8000), the key from BRADLEY_API_KEY, and
-  the prompt from `extra_info["prompt"]` when the dataset puts it there.
+- verl: `custom_reward_function.path=<this file> custom_reward_function.name=compute_score` (naive
+  reward manager), or `name=compute_score_batch` with `reward_model.reward_manager=batch` (one HTTP
+  request per batch). The server comes from BRADLEY_URL (default http://127.0.0.1:8000), the key from
+  BRADLEY_API_KEY, and the prompt from `extra_info` under the first of PROMPT_KEYS it carries.
+  Without a prompt they raise (a reward that ignores the question trains the wrong policy) unless
+  BRADLEY_ALLOW_EMPTY_PROMPT=1.
+- OpenRLHF: no adapter needed, `--remote_rm_url http://host:8000/get_reward`.
 
-Transient failures (connection errors, 503 while the server is busy or restarting) are retried with
-exponential back-off; a 4xx raises ClientError carrying the server's message and field at once.
+Per-item fields that a verifier may use (FORWARDED: ground_truth, verifier, data_source) travel with
+each item when the trainer supplies them; keywords that mean nothing here are accepted and ignored.
+Transient failures (connection errors, 502/503/504) are retried with exponential back-off; a 4xx
+raises ClientError carrying the server's message and field at once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import os
 import time
-
-import httpx
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 RETRY_STATUSES = {502, 503, 504}
+MAX_ITEMS = 4096  # the server's default items per request; larger calls are sent in parallel chunks
+PROMPT_KEYS = ("prompt", "question", "problem", "query")  # where verl's extra_info keeps the prompt
+FORWARDED = ("ground_truth", "verifier", "data_source")
 
 
 class ClientError(ValueError):
@@ -34,15 +47,25 @@ class ClientError(ValueError):
         self.status, self.field = status, field
 
 
-def score_body(prompts, responses, group_size=None, advantage=None) -> dict:
-    """The /score request for parallel lists of prompts (text or messages) and responses.
+class MissingPrompt(ValueError):
+    """A verl item carries no prompt, so a reward model cannot judge it."""
 
-    >>> score_body(["2+2?"], ["4"], group_size=1)
-    {'items': [{'prompt': '2+2?', 'response': '4'}], 'group_size': 1}
+
+def score_body(prompts, responses, group_size=None, advantage=None, extras=None) -> dict:
+    """The /score request for parallel lists of prompts (text or messages) and responses; `extras`
+    maps a FORWARDED field to one value per item (None values are left out).
+
+    >>> score_body(["2+2?"], ["4"], group_size=1, extras={"ground_truth": ["4"]})
+    {'items': [{'prompt': '2+2?', 'response': '4', 'ground_truth': '4'}], 'group_size': 1}
     """
     if len(prompts) != len(responses):
         raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; pass one each")
-    body: dict = {"items": [{"prompt": p, "response": r} for p, r in zip(prompts, responses, strict=True)]}
+    items = [{"prompt": p, "response": r} for p, r in zip(prompts, responses, strict=True)]
+    for key, values in (extras or {}).items():
+        for item, value in zip(items, values, strict=True):
+            if value is not None:
+                item[key] = value
+    body: dict = {"items": items}
     if group_size is not None:
         body["group_size"] = group_size
     if advantage is not None:
@@ -50,27 +73,24 @@ def score_body(prompts, responses, group_size=None, advantage=None) -> dict:
     return body
 
 
-def _check(response: httpx.Response) -> dict:
-    if response.status_code < 400:
-        return response.json()
+def _error(status: int, raw: bytes) -> ClientError:
     try:
-        err = response.json()
-        message, field = err.get("error", response.text), err.get("field")
-    except ValueError:
-        message, field = response.text[:500], None
-    raise ClientError(response.status_code, message, field)
-
-
-def _headers(api_key: str | None) -> dict:
-    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        err = json.loads(raw)
+        return ClientError(status, err.get("error", raw.decode("utf-8", "replace")), err.get("field"))
+    except (ValueError, AttributeError):
+        return ClientError(status, raw[:500].decode("utf-8", "replace"))
 
 
 class ScoreClient:
-    """Blocking client; one keep-alive connection pool. Use as a context manager or call close()."""
+    """Blocking client over urllib; safe to share between threads. Context manager for symmetry."""
 
-    def __init__(self, url: str, api_key: str | None = None, timeout: float = 180.0, retries: int = 5):
-        self.url, self.retries = url.rstrip("/"), retries
-        self._http = httpx.Client(base_url=self.url, timeout=timeout, headers=_headers(api_key))
+    def __init__(self, url: str, api_key: str | None = None, timeout: float = 180.0, retries: int = 5,
+                 workers: int = 4):
+        self.url, self.timeout, self.retries = url.rstrip("/"), timeout, retries
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bradley-client")
 
     def __enter__(self) -> ScoreClient:
         return self
@@ -79,34 +99,67 @@ class ScoreClient:
         self.close()
 
     def close(self) -> None:
-        self._http.close()
+        self._pool.shutdown(wait=False)
 
-    def request(self, method: str, path: str, **kwargs) -> dict:
+    def _once(self, method: str, path: str, body: bytes | None, timeout: float) -> tuple[int, bytes]:
+        request = urllib.request.Request(self.url + path, data=body, method=method,
+                                         headers=self._headers)
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                return response.status, response.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    def request(self, method: str, path: str, json_body=None) -> dict:
+        body = None if json_body is None else json.dumps(json_body).encode("utf-8")
         for attempt in range(self.retries + 1):
             try:
-                response = self._http.request(method, path, **kwargs)
-                if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    return _check(response)
-            except httpx.TransportError:
+                status, raw = self._once(method, path, body, self.timeout)
+                if status not in RETRY_STATUSES or attempt == self.retries:
+                    if status >= 400:
+                        raise _error(status, raw)
+                    return json.loads(raw)
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
                 if attempt == self.retries:
                     raise
             time.sleep(min(0.2 * 2 ** attempt, 5.0))
         raise AssertionError("unreachable")
 
-    def score(self, prompts, responses, group_size=None, advantage=None) -> list[float]:
-        return self.score_full(prompts, responses, group_size, advantage)["scores"]
+    def score(self, prompts, responses, group_size=None, advantage=None, extras=None) -> list[float]:
+        """Scores in input order. More than MAX_ITEMS items go as parallel requests (whole groups)."""
+        prompts, responses = list(prompts), list(responses)
+        step = MAX_ITEMS - MAX_ITEMS % (group_size or 1)
+        if len(prompts) <= step:
+            return self.score_full(prompts, responses, group_size, advantage, extras)["scores"]
+        chunks = [(prompts[i:i + step], responses[i:i + step],
+                   {k: v[i:i + step] for k, v in (extras or {}).items()})
+                  for i in range(0, len(prompts), step)]
+        parts = self._pool.map(lambda c: self.score_full(c[0], c[1], group_size, advantage, c[2]),
+                               chunks)
+        return [s for part in parts for s in part["scores"]]
 
-    def score_full(self, prompts, responses, group_size=None, advantage=None) -> dict:
+    def score_full(self, prompts, responses, group_size=None, advantage=None, extras=None) -> dict:
         """The whole /score answer: scores, model, and advantages when group_size is given."""
-        return self.request("POST", "/score", json=score_body(prompts, responses, group_size, advantage))
+        return self.request("POST", "/score",
+                            score_body(prompts, responses, group_size, advantage, extras))
 
-    def get_reward(self, queries: list[str], prompts: list[str] | None = None) -> list[float]:
-        body = {"query": queries} | ({"prompts": prompts} if prompts is not None else {})
-        return self.request("POST", "/get_reward", json=body)["rewards"]
+    def get_reward_full(self, queries: list[str], prompts: list[str] | None = None,
+                        labels: list | None = None) -> dict:
+        """OpenRLHF's remote-RM call: {"rewards", "scores", "extra_logs"}."""
+        body: dict = {"query": list(queries)}
+        if prompts is not None:
+            body["prompts"] = list(prompts)
+        if labels is not None:
+            body["labels"] = list(labels)
+        return self.request("POST", "/get_reward", body)
+
+    def get_reward(self, queries: list[str], prompts: list[str] | None = None,
+                   labels: list | None = None) -> list[float]:
+        return self.get_reward_full(queries, prompts, labels)["rewards"]
 
     def upload(self, kind: str, records: list[dict]) -> dict:
         """kind: judgments | pairs | feedback."""
-        return self.request("POST", f"/{kind}", json=records)
+        return self.request("POST", f"/{kind}", records)
 
     def models(self) -> list[dict]:
         return self.request("GET", "/models")["models"]
@@ -119,23 +172,30 @@ class ScoreClient:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                if self._http.get("/readyz", timeout=2.0).status_code == 200:
+                if self._once("GET", "/readyz", None, 2.0)[0] == 200:
                     return
-            except httpx.TransportError:
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
             time.sleep(0.2)
         raise TimeoutError(f"{self.url} was not ready within {timeout:.0f} s")
 
 
 class AsyncScoreClient:
-    """The same calls for asyncio trainers and load generators."""
+    """The same calls for asyncio trainers and load generators: over httpx when it is installed
+    (one pooled connection set), else the blocking client in worker threads."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 180.0, retries: int = 5,
                  max_connections: int = 100):
         self.url, self.retries = url.rstrip("/"), retries
+        try:
+            import httpx
+        except ImportError:
+            self._http, self._sync = None, ScoreClient(url, api_key, timeout, retries)
+            return
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, headers=_headers(api_key),
-                                       limits=limits)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, headers=headers, limits=limits)
+        self._transport_error = httpx.TransportError
 
     async def __aenter__(self) -> AsyncScoreClient:
         return self
@@ -144,27 +204,36 @@ class AsyncScoreClient:
         await self.close()
 
     async def close(self) -> None:
-        await self._http.aclose()
+        if self._http is not None:
+            await self._http.aclose()
+        else:
+            self._sync.close()
 
-    async def request(self, method: str, path: str, **kwargs) -> dict:
+    async def request(self, method: str, path: str, json_body=None) -> dict:
+        if self._http is None:
+            return await asyncio.to_thread(self._sync.request, method, path, json_body)
         for attempt in range(self.retries + 1):
             try:
-                response = await self._http.request(method, path, **kwargs)
+                response = await self._http.request(method, path, json=json_body)
                 if response.status_code not in RETRY_STATUSES or attempt == self.retries:
-                    return _check(response)
-            except httpx.TransportError:
+                    if response.status_code >= 400:
+                        raise _error(response.status_code, response.content)
+                    return response.json()
+            except self._transport_error:
                 if attempt == self.retries:
                     raise
             await asyncio.sleep(min(0.2 * 2 ** attempt, 5.0))
         raise AssertionError("unreachable")
 
-    async def score(self, prompts, responses, group_size=None, advantage=None) -> list[float]:
-        body = score_body(prompts, responses, group_size, advantage)
-        return (await self.request("POST", "/score", json=body))["scores"]
+    async def score(self, prompts, responses, group_size=None, advantage=None, extras=None) -> list[float]:
+        body = score_body(prompts, responses, group_size, advantage, extras)
+        return (await self.request("POST", "/score", body))["scores"]
 
-    async def get_reward(self, queries: list[str], prompts: list[str] | None = None) -> list[float]:
+    async def get_reward(self, queries: list[str], prompts: list[str] | None = None,
+                         labels: list | None = None) -> list[float]:
         body = {"query": queries} | ({"prompts": prompts} if prompts is not None else {})
-        return (await self.request("POST", "/get_reward", json=body))["rewards"]
+        body |= {"labels": labels} if labels is not None else {}
+        return (await self.request("POST", "/get_reward", body))["rewards"]
 
 
 # --- trainer adapters ---------------------------------------------------------------------------
@@ -181,15 +250,30 @@ def completion_text(completion) -> str:
     return "".join(m.get("content", "") for m in completion if m.get("role", "assistant") == "assistant")
 
 
-def trl_reward_func(url: str, api_key: str | None = None, timeout: float = 180.0):
-    """A TRL GRPO reward function scoring through the service: `f(prompts, completions, **kw)`."""
-    client = ScoreClient(url, api_key=api_key, timeout=timeout)
+def _forwarded(columns: dict, n: int) -> dict:
+    """The FORWARDED per-item columns among a trainer's keyword arguments (lists of length n)."""
+    return {k: list(v) for k, v in columns.items()
+            if k in FORWARDED and isinstance(v, list | tuple) and len(v) == n}
 
-    def bradley_reward(prompts, completions, **kwargs) -> list[float]:
-        return client.score(list(prompts), [completion_text(c) for c in completions])
+
+def trl_reward_func(url: str | None = None, api_key: str | None = None, timeout: float = 180.0):
+    """A TRL GRPO reward function scoring through the service: `f(prompts, completions, **columns)`.
+    `url` and `api_key` default to BRADLEY_URL and BRADLEY_API_KEY."""
+    client = ScoreClient(url or _env_url(), api_key=api_key or os.environ.get("BRADLEY_API_KEY"),
+                         timeout=timeout)
+
+    def bradley_reward(prompts, completions, **columns) -> list[float]:
+        prompts = list(prompts)
+        return client.score(prompts, [completion_text(c) for c in completions],
+                            extras=_forwarded(columns, len(prompts)))
 
     bradley_reward.client = client  # so a caller can close it
+    bradley_reward.__name__ = "bradley_reward"  # TRL logs rewards under the function's name
     return bradley_reward
+
+
+def _env_url() -> str:
+    return os.environ.get("BRADLEY_URL", "http://127.0.0.1:8000")
 
 
 @functools.lru_cache(maxsize=8)
@@ -197,11 +281,45 @@ def _shared_client(url: str, api_key: str | None) -> ScoreClient:
     return ScoreClient(url, api_key=api_key)
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None) -> float:
-    """verl's custom reward function signature; the score of `solution_str` for the prompt in
-    `extra_info["prompt"]` (empty when absent). `data_source` and `ground_truth` are not used: a
-    reward model judges the text itself."""
-    client = _shared_client(os.environ.get("BRADLEY_URL", "http://127.0.0.1:8000"),
-                            os.environ.get("BRADLEY_API_KEY"))
-    prompt = (extra_info or {}).get("prompt", "") if isinstance(extra_info, dict) else ""
-    return client.score([prompt], [solution_str])[0]
+def prompt_of(extra_info) -> str | list[dict]:
+    """The prompt in a verl item's `extra_info`: the first of PROMPT_KEYS that holds text or messages.
+    Raises MissingPrompt (naming the keys) unless BRADLEY_ALLOW_EMPTY_PROMPT=1, then returns "".
+
+    >>> prompt_of({"split": "train", "index": 3, "question": "What is 2+2?"})
+    'What is 2+2?'
+    """
+    info = extra_info if isinstance(extra_info, dict) else {}
+    for key in PROMPT_KEYS:
+        value = info.get(key)
+        value = value.tolist() if hasattr(value, "tolist") else value  # parquet lists: numpy arrays
+        if isinstance(value, str) and value or isinstance(value, list) and value:
+            return value
+    if os.environ.get("BRADLEY_ALLOW_EMPTY_PROMPT") == "1":
+        return ""
+    raise MissingPrompt(
+        f"extra_info has no prompt under {', '.join(PROMPT_KEYS)} (keys: {sorted(info)}); add the "
+        "question to extra_info in your data preprocessing, or set BRADLEY_ALLOW_EMPTY_PROMPT=1 to "
+        "score responses without their prompt")
+
+
+def compute_score(data_source=None, solution_str=None, ground_truth=None, extra_info=None,
+                  **kwargs) -> float:
+    """verl's custom reward function (naive reward manager): the reward of `solution_str` for the
+    prompt in `extra_info` (see prompt_of). Extra keywords (reward_kwargs, the reward loop's own) are
+    accepted; ground_truth and data_source travel with the item for verifiers."""
+    return compute_score_batch([data_source], [solution_str], [ground_truth], [extra_info])[0]
+
+
+def compute_score_batch(data_sources=None, solution_strs=None, ground_truths=None, extra_infos=None,
+                        **kwargs) -> list[float]:
+    """verl's batch reward manager calls this with the whole batch: one HTTP request per batch."""
+    responses = list(solution_strs or [])
+    n = len(responses)
+    infos = list(extra_infos) if extra_infos is not None else [None] * n
+    prompts = [prompt_of(info) for info in infos]
+    extras = {"ground_truth": list(ground_truths) if ground_truths is not None else [None] * n,
+              "data_source": list(data_sources) if data_sources is not None else [None] * n}
+    extras = {k: [v if isinstance(v, str | int | float) else None for v in vs]
+              for k, vs in extras.items()}
+    client = _shared_client(_env_url(), os.environ.get("BRADLEY_API_KEY"))
+    return client.score(prompts, responses, extras=extras)

@@ -92,6 +92,9 @@ class Metrics:
         self.length_corr = Gauge("bradley_reward_length_correlation",
                                  "Pearson r of response length (characters) and served score since "
                                  "the model was loaded", registry=r)
+        self.get_reward_splits = Counter(
+            "bradley_get_reward_splits", "/get_reward queries by how they were split into prompt and "
+            "response (unsplit: scored as a response without its prompt)", ["how"], registry=r)
         self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
         self.started.set(time.time())
         self._moments = Moments()

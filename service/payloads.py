@@ -42,6 +42,7 @@ class Limits:
     max_text_chars: int = 200_000
     max_request_chars: int | None = None
     who: str = ""
+    max_get_reward_items: int = 65_536  # OpenRLHF's older client posts a whole rollout batch at once
 
 
 @dataclass
@@ -223,33 +224,45 @@ def check_budget(prompts: list, responses: list[str], field: str, limits: Limits
                            f"{who}; send fewer or shorter items{hint}", 413)
 
 
-def parse_get_reward(value, limits: Limits) -> tuple[list[str], list[str], bool]:
+@dataclass
+class GetRewardRequest:
+    queries: list[str]
+    prompts: list[str] | None  # None when the trainer sent none
+    labels: list | None        # ground truth, one per query (OpenRLHF's `labels`)
+    single: bool               # `query` was a bare string: answer with bare numbers
+
+
+def parse_get_reward(value, limits: Limits) -> GetRewardRequest:
     """OpenRLHF's remote-RM body `{"query": [...], "prompts"?: [...], "labels"?: [...]}`.
 
-    Returns (prompts, responses, single): each query is prompt + response; when the matching prompt
-    is a prefix of the query the two are split there, otherwise the whole query is the response.
-    `single` is True when `query` was a bare string (answered with bare numbers).
+    Each query is prompt + response as one decoded text; the model's template (rm/template.py)
+    splits it, so only shapes and sizes are checked here. `max_items` is the larger /get_reward cap.
     """
     _expect_object(value)
     query, single = value.get("query"), isinstance(value.get("query"), str)
     queries = [query] if single else query
     if not isinstance(queries, list) or not queries:
         raise PayloadError("query", "must be a non-empty list of strings (prompt + response texts)")
-    if len(queries) > limits.max_items:
-        raise PayloadError("query", f"{len(queries)} items, limit {limits.max_items}", 413)
+    if len(queries) > limits.max_get_reward_items:
+        raise PayloadError("query", f"{len(queries)} items, limit {limits.max_get_reward_items} "
+                           "(BRADLEY_MAX_GET_REWARD_ITEMS); split the request", 413)
     queries = [check_text(q, f"query[{i}]", limits) for i, q in enumerate(queries)]
-    given = value.get("prompts")
-    given = [given] if isinstance(given, str) else given
-    if given is not None and (not isinstance(given, list) or len(given) != len(queries)):
-        raise PayloadError("prompts", f"must be a list as long as query ({len(queries)})")
-    prompts, responses = [], []
-    for i, q in enumerate(queries):
-        p = check_text(given[i], f"prompts[{i}]", limits) if given is not None else ""
-        p = p if p and q.startswith(p) else ""
-        prompts.append(p)
-        responses.append(q[len(p):])
-    check_budget(prompts, responses, "query", limits)
-    return prompts, responses, single
+    prompts = _parallel(value, "prompts", len(queries), single)
+    if prompts is not None:
+        prompts = [check_text(p, f"prompts[{i}]", limits) for i, p in enumerate(prompts)]
+    check_budget([], queries, "query", limits)  # the queries hold every character tokenized
+    return GetRewardRequest(queries, prompts, _parallel(value, "labels", len(queries), single), single)
+
+
+def _parallel(value: dict, key: str, n: int, single: bool) -> list | None:
+    """An optional list as long as `query` (a bare value when `query` was a bare string)."""
+    given = value.get(key)
+    if given is None:
+        return None
+    given = [given] if single and not isinstance(given, list) else given
+    if not isinstance(given, list) or len(given) != n:
+        raise PayloadError(key, f"must be a list as long as query ({n})")
+    return given
 
 
 def webhook_task(value) -> dict | None:

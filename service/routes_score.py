@@ -35,13 +35,14 @@ async def score(request: Request, caller: Scorer, value: JsonBody) -> JSONRespon
 async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
     """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`."""
     svc = _service(request)
-    prompts, responses, single = parse_get_reward(value, svc.limits_for(caller))
-    model_id, scores = await svc.score(prompts, responses)
-    lengths = [float(len(r)) for r in responses]
-    if single:
-        scores, lengths = scores[0], lengths[0]
-    return JSONResponse({"rewards": scores, "scores": scores,
-                         "extra_logs": {"response_chars": lengths}},
+    req = parse_get_reward(value, svc.limits_for(caller))
+    model_id, scores, splits = await svc.get_reward(req)
+    # extra_logs: numbers per item (OpenRLHF averages each key); unsplit 1.0 = scored without prompt
+    logs = {"response_chars": [float(len(s.response)) for s in splits],
+            "unsplit": [float(s.how == "unsplit") for s in splits]}
+    if req.single:
+        scores, logs = scores[0], {k: v[0] for k, v in logs.items()}
+    return JSONResponse({"rewards": scores, "scores": scores, "extra_logs": logs},
                         headers={"X-Bradley-Model": model_id})
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from service.batcher import Batcher
 from service.metrics import Metrics
-from service.payloads import Limits, text_chars
+from service.payloads import Limits, PayloadError, text_chars
 from service.settings import Settings
 
 log = logging.getLogger("bradley.service")
@@ -76,9 +76,11 @@ class Service:
     def __init__(self, settings: Settings):
         self.settings = settings
         self.metrics = Metrics()
-        self.limits = Limits(settings.max_items_per_request, settings.max_text_chars)
+        self.limits = Limits(settings.max_items_per_request, settings.max_text_chars,
+                             max_get_reward_items=settings.max_get_reward_items)
         self.anon_limits = Limits(settings.max_items_per_request, settings.max_text_chars,
-                                  settings.anon_max_request_chars, "callers without a key")
+                                  settings.anon_max_request_chars, "callers without a key",
+                                  settings.max_get_reward_items)
         self._encoders = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"bradley-tokenize-{lane}")
                           for lane in ("small", "large")}
         self.batcher = Batcher(settings.max_batch_tokens, settings.max_batch_items,
@@ -185,6 +187,34 @@ class Service:
         scores = await self.batcher.score(loaded.rm.score_encoded, ids)
         self.metrics.on_scores(responses, scores)
         return loaded.id, scores
+
+    async def get_reward(self, req) -> tuple[str, list[float], list]:
+        """OpenRLHF's queries split by the served model's template (rm/template.py: split_query) and
+        scored like /score; returns (model id, scores, the Split of each query). A query that cannot
+        be split honestly is counted, and refused (422 naming it) under BRADLEY_STRICT_GET_REWARD=1."""
+        from rm.template import split_query
+
+        loaded = self.current
+        if loaded is None:
+            raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
+        given = req.prompts or [None] * len(req.queries)
+
+        def split_all():
+            return [split_query(loaded.rm.tokenizer, q, p) for q, p in zip(req.queries, given, strict=True)]
+
+        # string work grows with the texts: off the event loop, in the tokenizer lane of this size
+        lane = "small" if text_chars([], req.queries) <= SMALL_REQUEST_CHARS else "large"
+        splits = await asyncio.get_running_loop().run_in_executor(self._encoders[lane], split_all)
+        for split in splits:
+            self.metrics.get_reward_splits.labels(split.how).inc()
+        unsplit = [i for i, s in enumerate(splits) if s.how == "unsplit"]
+        if unsplit and self.settings.strict_get_reward:
+            raise PayloadError(f"query[{unsplit[0]}]", f"{len(unsplit)} of {len(splits)} queries cannot "
+                               "be split into prompt + response (the prompt is not a prefix of the "
+                               "query and the query carries no chat template); send `prompts` that "
+                               "the queries start with, or unset BRADLEY_STRICT_GET_REWARD")
+        _, scores = await self.score([s.prompt for s in splits], [s.response for s in splits])
+        return loaded.id, scores, splits
 
     # -- the store -------------------------------------------------------------------------------
 

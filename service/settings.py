@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(3.0, ge=0, le=10_000)
     max_queue_items: int = Field(50_000, ge=1)   # beyond this, /score answers 503 (retry later)
     max_items_per_request: int = Field(4096, ge=1)
+    # /get_reward: OpenRLHF's older client posts one whole rollout batch (often > 4096 samples)
+    max_get_reward_items: int = Field(65_536, ge=1)
+    strict_get_reward: bool = False  # 422 for a query that cannot be split into prompt + response
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_text_chars: int = Field(200_000, ge=1)     # per prompt or response; longer is refused (422)
     # Callers without a key (when /score needs none): characters of all texts of one request, and

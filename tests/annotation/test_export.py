@@ -60,25 +60,56 @@ def test_export_then_ingest_gives_the_same_store(filled, tmp_path, fmt, name):
 
 def test_trl_export_has_majority_pairs_and_drops_even_splits(filled, tmp_path):
     out = tmp_path / "pairs.jsonl"
-    summary = export(filled, "trl", out)
+    summary = export(filled, "trl", out)  # auto: the store mixes text and conversations
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     # 2+2?: 4 beats 5 by 2 votes to 0 (+1 tie); prime: 7 vs 9 split 1-1 -> left out
-    assert {"prompt": "2+2?", "chosen": "4", "rejected": "5"} in rows
+    assert {"prompt": [{"role": "user", "content": "2+2?"}], "chosen": [{"role": "assistant",
+            "content": "4"}], "rejected": [{"role": "assistant", "content": "5"}]} in rows
     assert {"prompt": CONVERSATION, "chosen": [{"role": "assistant", "content": "Hi!"}],
             "rejected": [{"role": "assistant", "content": "No."}]} in rows
-    assert len(rows) == 2 and summary["skipped_unresolved"] == 1
+    assert len(rows) == 2 and summary["skipped_unresolved"] == 1 and summary["as"] == "conversational"
     with Store(tmp_path / "trl.duckdb") as copy:
         ingest_file(copy, out)
         export(copy, "trl", tmp_path / "again.jsonl")
     again = [json.loads(line) for line in (tmp_path / "again.jsonl").read_text().splitlines()]
-    assert sorted(map(json.dumps, again)) == sorted(map(json.dumps, rows))
+    def canonical(table):
+        return sorted(json.dumps(r, sort_keys=True) for r in table)
+
+    assert canonical(again) == canonical(rows)
 
 
-def test_trl_parquet_refuses_mixed_prompt_kinds(filled, tmp_path):
-    with pytest.raises(ExportError, match="export to a .jsonl"):
-        export(filled, "trl", tmp_path / "pairs.parquet")
-    assert not (tmp_path / "pairs.parquet").exists()
-    assert list(tmp_path.glob(".pairs*")) == []  # no half-written temp file left
+def test_trl_export_as_text_renders_conversations_as_transcripts(filled, tmp_path):
+    export(filled, "trl", tmp_path / "pairs.parquet", shape="text")  # one shape: Parquet holds it
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "pairs.parquet").to_pylist()
+    assert {"prompt": "\n\nHuman: Say hi\n\nAssistant:", "chosen": "Hi!", "rejected": "No."} in rows
+    assert {"prompt": "2+2?", "chosen": "4", "rejected": "5"} in rows
+
+
+def test_trl_export_turns_hh_transcripts_into_messages(store, tmp_path):
+    hh = {"chosen": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: 2+2?\n\nAssistant: 4",
+          "rejected": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: 2+2?\n\nAssistant: 5"}
+    ingest_records(store, [hh], fmt="hh")
+    ingest_records(store, [{"prompt": CONVERSATION, "chosen": [{"role": "assistant", "content": "Hi"}],
+                            "rejected": [{"role": "assistant", "content": "No"}]}], fmt="trl")
+    export(store, "trl", tmp_path / "pairs.parquet")
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(tmp_path / "pairs.parquet").to_pylist()
+    assert [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": "2+2?"}] in [r["prompt"] for r in rows]
+
+
+def test_trl_export_refuses_text_it_cannot_read_as_a_conversation(store, tmp_path):
+    ingest_records(store, [{"prompt": "Assistant: I begin", "chosen": "a", "rejected": "b"},
+                           {"prompt": CONVERSATION, "chosen": [{"role": "assistant", "content": "Hi"}],
+                            "rejected": [{"role": "assistant", "content": "No"}]}], fmt="trl")
+    with pytest.raises(ExportError, match="1 pairs have conversational prompts and 1 text prompts, of "
+                       "which 1 carry Human/Assistant markers"):
+        export(store, "trl", tmp_path / "pairs.jsonl")
+    assert not (tmp_path / "pairs.jsonl").exists()
+    assert export(store, "trl", tmp_path / "pairs.jsonl", shape="text")["rows"] == 2
 
 
 def test_snapshot_export_reproduces_what_a_past_run_read(filled, tmp_path):

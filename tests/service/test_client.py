@@ -73,3 +73,13 @@ def test_verl_compute_score_reads_the_url_from_the_environment(live, monkeypatch
     got = compute_score("gsm8k", "The answer is 4.", "4", {"prompt": "What is 2+2?"})
     assert got == pytest.approx(offline["rm-tiny-a"].score(["What is 2+2?"], ["The answer is 4."])[0],
                                 abs=1e-5)
+
+
+def test_large_calls_go_as_parallel_chunks_of_whole_groups(live, hh_items, offline, monkeypatch):
+    import service.client as client_module
+
+    monkeypatch.setattr(client_module, "MAX_ITEMS", 5)  # chunks of 4: two whole groups of 2
+    prompts, responses = [p for p, _ in hh_items[:10]], [r for _, r in hh_items[:10]]
+    with ScoreClient(live.url) as client:
+        got = client.score(prompts, responses, group_size=2)
+    assert got == pytest.approx(offline["rm-tiny-a"].score(prompts, responses), abs=1e-5)

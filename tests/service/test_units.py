@@ -83,11 +83,17 @@ def test_upload_bodies_object_list_or_jsonl():
         assert info.value.field == field
 
 
-def test_openrlhf_query_splits_at_the_prompt():
-    prompts, responses, single = parse_get_reward(
-        {"query": ["Q: hi A: yo", "other"], "prompts": ["Q: hi", "not a prefix"]}, Limits())
-    assert (prompts, responses, single) == (["Q: hi", ""], [" A: yo", "other"], False)
-    assert parse_get_reward({"query": "abc"}, Limits())[2] is True
+def test_openrlhf_body_is_checked_here_and_split_by_the_template():
+    req = parse_get_reward({"query": ["Q: hi A: yo", "other"], "prompts": ["Q: hi", "x"],
+                            "labels": ["4", None]}, Limits())
+    assert (req.queries, req.prompts, req.labels, req.single) == (
+        ["Q: hi A: yo", "other"], ["Q: hi", "x"], ["4", None], False)
+    assert parse_get_reward({"query": "abc", "prompts": "a"}, Limits()).prompts == ["a"]
+    with pytest.raises(PayloadError, match="BRADLEY_MAX_GET_REWARD_ITEMS") as info:
+        parse_get_reward({"query": ["q"] * 3}, Limits(max_get_reward_items=2))
+    assert info.value.status == 413
+    with pytest.raises(PayloadError, match="as long as query"):
+        parse_get_reward({"query": ["q"] * 2, "labels": ["1"]}, Limits())
 
 
 def test_settings_from_environment(monkeypatch):
