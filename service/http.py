@@ -1,5 +1,7 @@
-"""HTTP plumbing shared by the routes: bounded body reading, bearer-key checks, and the one place
-where library errors become `{"error": ..., "field": ...}` responses (never a traceback).
+"""HTTP plumbing shared by the routes: bounded body reading, bearer-key checks (routes reach both
+through `service.deps`), and the one place where library errors become `{"error": ..., "field": ...}`
+responses (never a traceback): the exception handlers for known errors, and `SafetyNet` for the rest,
+so that every request ends in a complete response on a connection the client can go on using.
 """
 
 from __future__ import annotations
