@@ -25,7 +25,8 @@ from datetime import datetime, timezone
 
 import pyarrow as pa
 
-from annotation.ids import canonical_json, content_id, render_messages
+from annotation import ls_mapping
+from annotation.ids import canonical_json, render_messages
 
 ANONYMOUS = "human:anonymous"
 RATER_PREFIXES = ("human:", "ai:")
@@ -34,8 +35,6 @@ RATER_MAX_CHARS = 200
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
 STRENGTH_MAX = 10.0  # the largest Bradley-Terry margin a judgment may carry (formats.strength says why)
 HH_MARKER = "\n\nAssistant:"
-LS_CONTROL = "comparison"  # the <Pairwise name="comparison"> control of bradley's Label Studio project
-LS_SELECTED = {"left": "a", "right": "b"}
 
 JUDGMENT_SCHEMA = pa.schema([
     ("row", pa.int64()), ("id", pa.string()), ("prompt", pa.string()), ("messages", pa.string()),
@@ -332,52 +331,52 @@ def kto_rows(row: dict, fmt: str) -> list[tuple[str, dict]]:
 
 
 def label_studio_rows(task: dict, fmt: str) -> list[tuple[str, dict] | RowError]:
-    """A task of the JSON export (each annotation is one judgment) or a JSON_MIN / CSV row."""
+    """A task of the JSON export or a webhook (each annotation: one judgment, or n(n-1)/2 for a
+    ranking; annotation.ls_mapping) or a JSON_MIN / CSV row (one annotation, flattened)."""
     if "annotations" not in task:
         try:
-            result = _ls_flat_result(task)
+            task = _ls_flat_task(task)
         except RowError as exc:
             return [exc]
-        flat = {"completed_by": task.get("annotator"), "id": task.get("annotation_id"),
-                "created_at": task.get("created_at"), "result": result}
-        task = {"id": task.get("id"), "data": task, "annotations": [flat]}
-    data = task.get("data") if isinstance(task.get("data"), dict) else {}
-    pair = {"prompt": data.get("prompt"), "response_a": data.get("answer1"),
-            "response_b": data.get("answer2")}
     out = []
     for ann in task.get("annotations") or []:
         try:
-            row = {**pair, "winner": _ls_winner(ann.get("result")),
-                   "rater": f"human:{ann.get('completed_by')}", "created_at": ann.get("created_at"),
-                   "id": content_id("label-studio", str(ann.get("id"))),
-                   "metadata": {"task_id": task.get("id"), "annotation_id": ann.get("id")}}
-            out.extend(judgment_rows(row, fmt))
+            mapped = ls_mapping.annotation_rows(task, ann if isinstance(ann, dict) else {})
+            for row in mapped:
+                out.extend(judgment_rows(row, fmt))
+        except ls_mapping.AnnotationError as exc:
+            out.append(RowError(exc.field, str(exc).partition(": ")[2]))
         except RowError as exc:
-            out.append(exc)
+            out.append(RowError(f"annotation[{ann.get('id')}].{exc.field}",
+                                str(exc).partition(": ")[2]))
     return out
 
 
-def _ls_flat_result(row: dict) -> list:
-    value = row.get(LS_CONTROL)
-    if isinstance(value, str) and value:
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            raise RowError(LS_CONTROL, "not valid JSON") from None
-    return [{"from_name": LS_CONTROL, "type": "pairwise", "value": v} for v in value or []]
+def _ls_flat_task(row: dict) -> dict:
+    """A JSON_MIN / CSV row: the task's data columns plus one annotation, its results flattened to
+    one column per control (`comparison`, `verdict`, `rationale`)."""
+    result = []
+    for name, kind in ls_mapping.CONTROLS.items():
+        value = row.get(name)
+        if isinstance(value, str) and value and kind != "textarea":
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                raise RowError(name, "not valid JSON") from None
+        values = value if isinstance(value, list) else [value] if value not in (None, "") else []
+        for v in values:
+            result.append({"from_name": name, "type": kind, "value": _ls_flat_value(kind, v)})
+    ann = {"completed_by": row.get("annotator"), "id": row.get("annotation_id"),
+           "created_at": row.get("created_at"), "updated_at": row.get("updated_at"),
+           "result": result}
+    return {"id": row.get("id"), "data": row, "annotations": [ann]}
 
 
-def _ls_winner(result) -> str:
-    results = [r for r in result or [] if isinstance(r, dict)]
-    ours = [r for r in results if r.get("from_name") == LS_CONTROL]
-    if not ours:
-        names = sorted({str(r.get("from_name")) for r in results}) or ["none"]
-        raise RowError("result.from_name", f"no result from the {LS_CONTROL!r} control (got "
-                       f"{', '.join(names)}); was the project set up by bradley?")
-    selected = (ours[0].get("value") or {}).get("selected")
-    if selected not in LS_SELECTED:
-        raise RowError("result.value.selected", f"{selected!r:.20} is not 'left' or 'right'")
-    return LS_SELECTED[selected]
+def _ls_flat_value(kind: str, value):
+    """JSON_MIN keeps a pairwise value as is, a choice as its text, a text area as its text."""
+    if isinstance(value, dict):
+        return value
+    return {"choices": [value]} if kind == "choices" else {"text": [str(value)]}
 
 
 FORMATS: dict[str, Callable] = {"judgments": judgment_rows, "trl": trl_rows, "hh": hh_rows,

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from annotation import bulk, columnar, formats, spool
+from annotation import bulk, columnar, formats, ls_ledger, spool
 from annotation.columnar import NeedsPrecise
 from annotation.ids import canonical_json, fill_judgment_ids, with_ids
 from annotation.read_errors import SURROGATE_PROBLEM, encodes, surrogate_field
@@ -210,6 +210,8 @@ def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> I
             raise IngestError(writer.errors, writer.first_field, result)
         info = writer.batch()
         bulk.drop_earlier_ids(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
+        if "label-studio" in writer.formats:  # one count per annotation, however it arrived
+            ls_ledger.reconcile(cur, info.id)
         info = store.finish_batch(cur, info, writer.rows_in)
     return IngestResult(source, info.id, info.rows_in, info.rows_ok, info.rows_rejected,
                         errors=writer.errors, self_comparisons=store.self_comparisons(batch_id=info.id))
@@ -226,6 +228,7 @@ class _Writer:
         self.errors: list[str] = []
         self.n_errors, self.rows_in, self.first_field = 0, 0, None
         self.seen = SeenIds()
+        self.formats: set[str] = set()
         self.bar = _progress_bar() if opts.progress else None
 
     def add_stream(self, kind: str, chunks: Iterator[pa.Table]) -> None:
@@ -314,6 +317,7 @@ def _precise_pass(writer: _Writer, parts: list[Part]) -> None:
         fmt = writer.opts.fmt
         if fmt == "auto" and any(r.value for r in head):
             fmt = _detect(part.name, {k: None for r in head if r.value for k in r.value})
+        writer.formats.add(fmt)
         for record in itertools.chain(head, records):
             last = record.row
             if record.problem:

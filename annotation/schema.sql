@@ -103,13 +103,63 @@ CREATE TABLE IF NOT EXISTS ref_logps (
     PRIMARY KEY (model_hash, template_hash, response_id)
 );
 
+-- Judgments withdrawn by a later batch: a Label Studio annotation that was edited (the new version
+-- is a new judgment) or deleted. The rows stay in judgments, so a snapshot taken before still replays
+-- exactly; judgments_in leaves out what a batch inside the snapshot retracted.
+CREATE TABLE IF NOT EXISTS retractions (
+    judgment_id VARCHAR NOT NULL,
+    batch_id    VARCHAR NOT NULL,       -- the batch that retracted it
+    reason      VARCHAR NOT NULL        -- updated | deleted | cancelled
+);
+
+-- Label Studio (annotation/ls_ledger.py holds their SQL). One store pairs with one Label Studio
+-- server: its annotation ids are unique across that server's projects, and export files do not say
+-- which server they came from.
+CREATE TABLE IF NOT EXISTS ls_projects (
+    url         VARCHAR NOT NULL,       -- the server's base URL, as given to setup
+    project_id  BIGINT NOT NULL,
+    title       VARCHAR NOT NULL,
+    overlap     INTEGER NOT NULL,       -- maximum_annotations: raters per task
+    pull_cursor VARCHAR,                -- newest task updated_at a pull has taken in
+    created_at  TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    PRIMARY KEY (url, project_id)
+);
+
+-- One row per pair pushed as a task: a pair is pushed to a project once.
+CREATE TABLE IF NOT EXISTS ls_tasks (
+    url        VARCHAR NOT NULL,
+    project_id BIGINT NOT NULL,
+    task_id    BIGINT NOT NULL,
+    prompt_id  VARCHAR NOT NULL,
+    response_a VARCHAR NOT NULL,        -- the pair's order: ascending response id
+    response_b VARCHAR NOT NULL,
+    swapped    BOOLEAN NOT NULL,        -- response_b was shown on the left
+    strategy   VARCHAR NOT NULL,        -- uncertain | disagreement | coverage | random
+    pushed_at  TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    PRIMARY KEY (url, project_id, prompt_id, response_a, response_b)
+);
+
+-- Every Label Studio annotation the store has seen, whichever way it came (export file, webhook,
+-- pull): its newest version and the judgments that version counts as, so nothing is counted twice.
+CREATE TABLE IF NOT EXISTS ls_annotations (
+    annotation_id BIGINT PRIMARY KEY,
+    task_id       BIGINT,
+    version       VARCHAR NOT NULL,     -- updated_at (UTC ISO); a later version replaces this one
+    judgment_ids  VARCHAR[] NOT NULL,   -- empty when cancelled or deleted
+    deleted       BOOLEAN NOT NULL,     -- deleted in Label Studio: never counted again
+    batch_id      VARCHAR NOT NULL
+);
+
 -- The judgments a snapshot reads: every batch up to max_seq (NULL: all) by raters whose id starts
--- with rater_prefix (NULL: all). Views and exports read through this, so a snapshot replays exactly.
+-- with rater_prefix (NULL: all), less those retracted by a batch up to max_seq. Views and exports
+-- read through this, so a snapshot replays exactly.
 CREATE OR REPLACE MACRO judgments_in(max_seq, rater_prefix) AS TABLE
     SELECT j.*
     FROM judgments j JOIN batches b ON b.id = j.batch_id
     WHERE (max_seq IS NULL OR b.seq <= max_seq)
-      AND (rater_prefix IS NULL OR starts_with(j.rater, rater_prefix));
+      AND (rater_prefix IS NULL OR starts_with(j.rater, rater_prefix))
+      AND j.id NOT IN (SELECT r.judgment_id FROM retractions r JOIN batches rb ON rb.id = r.batch_id
+                       WHERE max_seq IS NULL OR rb.seq <= max_seq);
 
 -- Per (prompt, unordered response pair): the majority verdict over every rater's vote.
 -- A tie counts half to each side in p_chosen; an exact split keeps the lower id as "chosen" with p_chosen = 0.5.

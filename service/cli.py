@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Callable
 
-from service import cli_snapshots  # subcommands in modules of their own
+from service import cli_label_studio, cli_snapshots  # subcommands in modules of their own
 
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
@@ -261,16 +261,6 @@ def cmd_label(args) -> int:
     raise Unavailable("bradley label (RLAIF) is not yet available in this release")
 
 
-def _add_label_studio(sub) -> None:
-    p = sub.add_parser("label-studio", help="set up, push to and pull from a Label Studio server")
-    p.add_argument("action", choices=["setup", "push", "pull"])
-
-
-def cmd_label_studio(args) -> int:
-    raise Unavailable("bradley label-studio is not yet available in this release; "
-                      "ingest a Label Studio JSON export with `bradley ingest --format label-studio`")
-
-
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="simulate → ingest → report → train a small RM → serve → score")
     p.add_argument("--workdir", default="demo", help="folder for the demo's files")
@@ -291,7 +281,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "train": (_add_train, cmd_train),
     "eval": (_add_eval, cmd_eval),
     "label": (_add_label, cmd_label),
-    "label-studio": (_add_label_studio, cmd_label_studio),
+    "label-studio": (cli_label_studio.add, cli_label_studio.run),
     "serve": (_add_serve, cmd_serve),
     "models": (_add_models, cmd_models),
     "demo": (_add_demo, cmd_demo),

@@ -9,7 +9,9 @@ every route of `create_app` and fails on any write or admin route that answers w
 Who may do what (README "Who may see what"):
 
 - `Keyed`: a valid `Authorization: Bearer <key>` (401 without one, 403 with a wrong one, 403 when
-  the server has no keys): uploads, reports, model loads, the webhook, /openapi.json.
+  the server has no keys): uploads, reports, model loads, /openapi.json.
+- `WebhookCaller`: the Label Studio webhook: the X-Bradley-Webhook-Secret header equal to
+  BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET (403 when wrong), or else a key as for `Keyed`.
 - `Scorer`: /score and /get_reward. A key when BRADLEY_SCORE_REQUIRES_KEY is set; otherwise
   anyone, but a caller without a key holds one of BRADLEY_ANON_MAX_CONCURRENT slots of its client
   address while its request runs (429 beyond) and gets `Limits` with BRADLEY_ANON_MAX_REQUEST_CHARS.
@@ -35,7 +37,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from service.http import check_key, read_body
+from service.http import check_key, check_webhook_secret, read_body
 from service.payloads import decode_json, parse_records
 
 INLINE_DECODE_BYTES = 64 * 1024  # smaller bodies decode in microseconds: not worth a thread hop
@@ -90,6 +92,13 @@ def require_key(request: Request) -> Caller:
     return Caller(True, _client(request))
 
 
+def webhook_caller(request: Request) -> Caller:
+    """Label Studio's webhook: its shared secret (X-Bradley-Webhook-Secret) or a bearer key."""
+    settings = _settings(request)
+    check_webhook_secret(request, settings.label_studio_webhook_secret, settings.api_keys)
+    return Caller(True, _client(request))
+
+
 def optional_key(request: Request) -> Caller:
     """Keyed when an Authorization header is sent (a wrong key is refused, not ignored)."""
     if "authorization" in request.headers:
@@ -131,6 +140,7 @@ async def upload_records(body: Annotated[bytes, Depends(bounded_body)]) -> list[
 
 
 Keyed = Annotated[Caller, Depends(require_key)]
+WebhookCaller = Annotated[Caller, Depends(webhook_caller)]
 Scorer = Annotated[Caller, Depends(scoring_caller)]
 Viewer = Annotated[Caller, Depends(optional_key)]
 MetricsViewer = Annotated[Caller, Depends(metrics_caller)]

@@ -79,6 +79,24 @@ def check_key(request: Request, keys: tuple[str, ...]) -> None:
         raise WrongKey("invalid API key; use one of the keys in the server's BRADLEY_API_KEYS")
 
 
+WEBHOOK_SECRET_HEADER = "x-bradley-webhook-secret"
+
+
+def check_webhook_secret(request: Request, secret: str | None, keys: tuple[str, ...]) -> None:
+    """Label Studio's webhook: the shared secret in X-Bradley-Webhook-Secret (403 when wrong, or
+    when the server has none), else a bearer key as for any write."""
+    given = request.headers.get(WEBHOOK_SECRET_HEADER)
+    if given is None:
+        check_key(request, keys)
+        return
+    if not secret:
+        raise runtime.Forbidden("this server has no BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET; set it to "
+                                "the secret Label Studio's webhook sends, or use a bearer key")
+    if not hmac.compare_digest(given.encode(), secret.encode()):
+        raise WrongKey("wrong X-Bradley-Webhook-Secret; it must equal the server's "
+                       "BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET")
+
+
 # Headers a status needs so the client knows what to do next.
 STATUS_HEADERS = {401: {"WWW-Authenticate": "Bearer"}, 429: {"Retry-After": "1"},
                   503: {"Retry-After": "1"}}

@@ -1,5 +1,6 @@
 """Routes that write to or read from the store: uploads, reports, the Label Studio webhook.
-All of them need `Authorization: Bearer <key>`: each declares `caller: Keyed` (`service.deps`)."""
+All of them need `Authorization: Bearer <key>`: each declares `caller: Keyed` (`service.deps`); the
+webhook declares `caller: WebhookCaller` (Label Studio's shared secret, or a key)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import math
 from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse
 
-from service.deps import JsonBody, Keyed, Records
-from service.payloads import PayloadError, webhook_task
+from service.deps import JsonBody, Keyed, Records, WebhookCaller
+from service.payloads import PayloadError, webhook_event
 from service.runtime import NotFound, Unavailable
 
 router = APIRouter()
@@ -108,14 +109,15 @@ def _plain(value):
 
 
 @router.post("/webhooks/label-studio")
-async def label_studio_webhook(request: Request, caller: Keyed, value: JsonBody) -> JSONResponse:
-    """ANNOTATION_CREATED becomes one judgment (same validation as a Label Studio export); other
-    actions are acknowledged and ignored. Configure the webhook with an Authorization header.
+async def label_studio_webhook(request: Request, caller: WebhookCaller,
+                               value: JsonBody) -> JSONResponse:
+    """ANNOTATION_CREATED / ANNOTATION_UPDATED become judgments (an update replaces the verdict it
+    edits), ANNOTATIONS_DELETED retracts them; other actions are acknowledged and ignored. Needs
+    the X-Bradley-Webhook-Secret header (BRADLEY_LABEL_STUDIO_WEBHOOK_SECRET) or a bearer key.
     The body is never logged: it carries the project's access token."""
     svc = request.app.state.service
-    task = webhook_task(value)
-    if task is None:
+    event = webhook_event(value)
+    if event is None:
         return JSONResponse({"ignored": value["action"]}, 202)
-    result = await svc.ingest("webhooks/label-studio", [task])
-    body = {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
-    return JSONResponse(body, 200 if result.duplicate else 201)
+    body = await svc.label_studio_event(*event)
+    return JSONResponse(body, 200 if body.get("duplicate") else 201)

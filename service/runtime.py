@@ -248,6 +248,32 @@ class Service:
         self.metrics.on_ingest(route, result.rows_ok, result.rows_rejected, outcome)
         return result
 
+    async def label_studio_event(self, kind: str, payload) -> dict:
+        """A Label Studio webhook event (service.payloads.webhook_event): a verdict is ingested
+        like an export (an edit replaces, a cancelled annotation retracts), deleted annotations are
+        retracted. An invalid annotation is a 422 naming it, and nothing is stored."""
+        from annotation import ls_ledger, ls_mapping
+
+        route = "webhooks/label-studio"
+        if self.settings.read_only:
+            raise Forbidden("this server is read-only (--read-only); send webhooks to the writer")
+        ann = payload["annotations"][0] if kind == "verdict" else None
+        if kind == "deleted" or ann.get("was_cancelled"):
+            reason = "deleted" if kind == "deleted" else "cancelled"
+            gone = ({i: None for i in payload} if kind == "deleted"
+                    else {ann["id"]: ls_mapping.version(ann)})
+            retracted = await self.in_store(ls_ledger.remove, self.store, gone, reason,
+                                            f"http:/{route}")
+            return {reason: len(gone), "retracted": retracted}
+        try:
+            result = await self.ingest(route, [payload])
+        except RowsRefused as exc:
+            problem = exc.errors[0].partition(": ")[2].partition(": ")[2]  # after "where:line: field"
+            raise PayloadError(exc.field, f"{problem}; the annotation "
+                               "was not stored (Label Studio accepted it, bradley cannot read it "
+                               "as a verdict)") from None
+        return {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
+
 
 def _set_threads(threads: int | None, device: str) -> None:
     """One batcher thread runs every forward, so on a CPU it gets every core this process may use

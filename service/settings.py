@@ -17,7 +17,7 @@ from typing import Annotated
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-SECRET_FIELDS = {"api_keys"}
+SECRET_FIELDS = {"api_keys", "label_studio_webhook_secret"}
 
 
 class SettingsError(ValueError):
@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     # /metrics without a key (Prometheus scrapes usually carry none); it names the served model only
     metrics_require_key: bool = False
     drain_timeout_s: float = Field(30.0, ge=0)
+    # Label Studio sends it in the X-Bradley-Webhook-Secret header (the webhook's custom headers);
+    # unset: the webhook needs a bearer API key like any other write
+    label_studio_webhook_secret: str | None = Field(None, min_length=16)
     log_level: str = "info"
 
     @field_validator("api_keys", mode="before")

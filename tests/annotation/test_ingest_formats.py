@@ -146,31 +146,41 @@ def test_kto_rows_go_to_feedback(store, tmp_path):
 
 def test_label_studio_json_export(store, shared_data):
     ingest_file(store, shared_data / "label_studio" / "export_sync.json")
-    assert [v[:5] for v in votes(store)] == [("Name a prime.", "9", "7", "b", "human:1"),
-                                             ("What is 2+2?", "4", "It is 5.", "a", "human:1")]
+    assert [v[:5] for v in votes(store)] == [("Name a prime.", "9", "7", "b", "human:ls:1"),
+                                             ("What is 2+2?", "4", "It is 5.", "a", "human:ls:1")]
     assert store.judgments().column("source").to_pylist() == ["label-studio"] * 2
 
 
 @pytest.mark.parametrize("name,first_line", [("export_JSON_MIN.txt", 1), ("export_CSV.txt", 2)])
 def test_label_studio_flat_exports_reject_invalid_results(store, shared_data, name, first_line):
+    """Label Studio accepted these (an unknown from_name, which its flat exports drop, and
+    "selected": "middle"); each is reported with its annotation id."""
     path = shared_data / "label_studio" / name
     with pytest.raises(IngestError) as info:
         ingest_file(store, path, fmt="label-studio")
     errors = info.value.errors
-    assert len(errors) == 4 and info.value.field == "result.from_name"
-    assert errors[0].startswith(f"{path}:{first_line}: result.from_name: no result from the "
-                                "'comparison' control")
-    assert errors[1] == f"{path}:{first_line + 1}: result.value.selected: 'middle' is not 'left' or 'right'"
+    assert len(errors) == 4 and info.value.field == "annotation[8].result"
+    assert errors[0] == f"{path}:{first_line}: annotation[8].result: empty: the annotation holds no verdict"
+    assert errors[1] == (f"{path}:{first_line + 1}: annotation[7].result.value.selected: 'middle' is "
+                         "not 'left' or 'right'")
+    assert [e.split(": ")[1] for e in errors[2:]] == ["annotation[4].result",
+                                                      "annotation[3].result.value.selected"]
     ingest_file(store, shared_data / "label_studio" / "export_sync.json")
     result = ingest_file(store, path, fmt="label-studio", on_error="skip")
     # the two valid annotations are the ones export_sync.json holds: same ids, nothing new
     assert (result.rows_in, result.rows_ok, result.rows_rejected, result.rows_existing) == (6, 0, 4, 2)
 
 
-def test_label_studio_ranker_export_is_rejected_with_reason(store, shared_data):
-    result = ingest_file(store, shared_data / "label_studio" / "export_ranker.json", on_error="skip")
-    assert (result.rows_in, result.rows_rejected) == (2, 2)
-    assert "got rank" in store.rejects(result.batch_id)[0][1]
+def test_label_studio_ranker_export_is_ingested_as_pairwise_judgments(store, shared_data):
+    """Two rankings of the answers a "hi", b "hello there", c "yo" (best first): b,a,c and a,b,c;
+    each is its 3 pairwise judgments, in the task's item order, the higher-ranked winning."""
+    result = ingest_file(store, shared_data / "label_studio" / "export_ranker.json")
+    assert (result.rows_in, result.rows_ok, result.rows_rejected) == (6, 6, 0)
+    assert sorted(v[1:5] for v in votes(store)) == sorted([
+        ("hi", "hello there", "b", "human:ls:1"), ("hi", "yo", "a", "human:ls:1"),
+        ("hello there", "yo", "a", "human:ls:1"),
+        ("hi", "hello there", "a", "human:ls:1"), ("hi", "yo", "a", "human:ls:1"),
+        ("hello there", "yo", "a", "human:ls:1")])
 
 
 def test_hf_saved_dataset_dict_and_load_dataset_spec(store, tmp_path):

@@ -144,7 +144,9 @@ def test_label_studio_webhooks_become_judgments(live, http, auth, shared_data):
     # ("selected": "middle" and an unknown from_name), which Label Studio itself accepted
     assert statuses.count(202) == 1 and statuses.count(201) == 3 and statuses.count(422) == 4
     fields = {r.json()["field"] for r in answers if r.status_code == 422}
-    assert fields == {"result.value.selected", "result.from_name"}
+    assert fields == {"annotation[3].result.value.selected", "annotation[7].result.value.selected",
+                      "annotation[4].result[0].from_name", "annotation[8].result[0].from_name"}
+    assert all("--on-error" not in r.json()["error"] for r in answers if r.status_code == 422)
     assert _count(live, "judgments") - before == 3
     again = http.post("/webhooks/label-studio", content=bodies[1], headers=auth)
     assert again.status_code == 200 and again.json()["duplicate"] is True

@@ -24,6 +24,9 @@ OPEN = {
     ("GET", "/metrics"): "Prometheus scrapes, unless BRADLEY_METRICS_REQUIRE_KEY",
 }
 SCORING = {("POST", "/score"), ("POST", "/get_reward")}
+# Dependencies that refuse a caller without a key: Keyed, and the Label Studio webhook's, which also
+# takes its shared secret header instead (tests/service/test_webhook_label_studio.py)
+KEYED = (deps.require_key, deps.webhook_caller)
 KEY = {"Authorization": f"Bearer {API_KEY}"}
 
 
@@ -65,7 +68,7 @@ def test_every_route_outside_the_open_list_refuses_a_request_without_a_key(app):
         for method, path, route in found:
             if (method, path) in OPEN:
                 continue
-            assert depends_on(route.dependant, deps.require_key), f"{method} {path}: no Keyed"
+            assert any(depends_on(route.dependant, keyed) for keyed in KEYED), f"{method} {path}: no Keyed"
             r = c.request(method, concrete(path), content=oversized if method == "POST" else None)
             assert (r.status_code, r.json()["field"]) == (401, "Authorization"), (method, path)
             wrong = c.request(method, concrete(path), headers={"Authorization": "Bearer nope-nope-1"})
@@ -116,7 +119,7 @@ def test_keyed_routes_declare_the_key_before_the_body(app):
         calls = [d.call for d in route.dependant.dependencies]
         body = [i for i, call in enumerate(calls) if call in (deps.json_body, deps.upload_records)]
         who = [i for i, call in enumerate(calls)
-               if call in (deps.require_key, deps.scoring_caller)]
+               if call in (deps.require_key, deps.scoring_caller, deps.webhook_caller)]
         if body:
             assert who and who[0] < body[0], (method, path)
 
