@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+GROUP_GAUGES = {"reward": "all_equal_share", "accuracy": "accuracy_all_equal_share",
+                "predicted": "predicted_all_equal",
+                "predicted_per_prompt": "predicted_all_equal_per_prompt"}
 ROWS_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -92,6 +95,14 @@ class Metrics:
         self.length_corr = Gauge("bradley_reward_length_correlation",
                                  "Pearson r of response length (characters) and served score since "
                                  "the model was loaded", registry=r)
+        self.verifier_calls = Counter("bradley_verifier_calls", "verifier calls by verifier and "
+                                      "status (ok, no_answer, unparseable_gold, timeout, error)",
+                                      ["verifier", "status"], registry=r)
+        self.group_shares = Gauge("bradley_group_all_equal_share", "last /score batch with "
+                                  "group_size: share of groups that are all equal (kind=reward, "
+                                  "accuracy), and its predictions (kind=predicted: p^G + (1-p)^G "
+                                  "from mean accuracy; predicted_per_prompt: from running pass "
+                                  "rates)", ["kind"], registry=r)
         self.get_reward_splits = Counter(
             "bradley_get_reward_splits", "/get_reward queries by how they were split into prompt and "
             "response (unsplit: scored as a response without its prompt)", ["how"], registry=r)
@@ -116,6 +127,14 @@ class Metrics:
     def on_scores(self, responses: Sequence[str], scores: Sequence[float]) -> None:
         self._moments = merge_moments(self._moments, [len(t) for t in responses], scores)
         self.length_corr.set(pearson(self._moments))
+
+    def on_verdict(self, verifier: str, status: str, n: int = 1) -> None:
+        self.verifier_calls.labels(verifier, status).inc(n)
+
+    def on_group_stats(self, stats: dict) -> None:
+        for kind, key in GROUP_GAUGES.items():
+            if key in stats:
+                self.group_shares.labels(kind).set(stats[key])
 
     def on_ingest(self, route: str, rows_ok: int, rows_rejected: int, outcome: str) -> None:
         self.ingest_rows.labels(route, "ok").inc(rows_ok)

@@ -5,7 +5,7 @@ oversized strings are refused with a PayloadError that names the offending field
 `line 7`, `body`) and says what to send instead. Nothing here logs or echoes a body.
 
     >>> parse_score({"items": [{"prompt": "2+2?", "response": "4"}], "group_size": 1}, limits=Limits())
-    ScoreRequest(prompts=['2+2?'], responses=['4'], group_size=1, advantage='grpo')
+    ScoreRequest(prompts=['2+2?'], responses=['4'], group_size=1, advantage='grpo', std_ddof=1, dynamic_sampling=False)
     >>> parse_score({"items": [{"prompt": 7, "response": "4"}]}, limits=Limits())
     Traceback (most recent call last):
     ...
@@ -51,6 +51,8 @@ class ScoreRequest:
     responses: list[str]
     group_size: int | None = None
     advantage: str = "grpo"
+    std_ddof: int = 1
+    dynamic_sampling: bool = False
 
 
 def decode_json(body: bytes):
@@ -197,7 +199,13 @@ def parse_score(value, limits: Limits) -> ScoreRequest:
     advantage = value.get("advantage", "grpo")
     if not isinstance(advantage, str) or advantage not in ADVANTAGES:
         raise PayloadError("advantage", f"must be one of {sorted(ADVANTAGES)}, not {_kind(advantage)}")
-    return ScoreRequest(prompts, responses, group_size, advantage)
+    std_ddof = value.get("std_ddof", 1)
+    if std_ddof not in (0, 1) or isinstance(std_ddof, bool):
+        raise PayloadError("std_ddof", "must be 0 (population std) or 1 (sample std, as TRL and verl)")
+    dynamic_sampling = value.get("dynamic_sampling", False)
+    if not isinstance(dynamic_sampling, bool):
+        raise PayloadError("dynamic_sampling", "must be true or false")
+    return ScoreRequest(prompts, responses, group_size, advantage, std_ddof, dynamic_sampling)
 
 
 def text_chars(prompts: list, responses: list[str]) -> int:

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
-from service.advantages import group_advantages
 from service.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
 from service.payloads import parse_get_reward, parse_score
+from service.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
 
 router = APIRouter()
 PUBLIC_MODEL_FIELDS = ("id", "kind", "base_model", "created_at", "active")  # no paths, no configs
@@ -22,28 +22,52 @@ def _service(request: Request):
 @router.post("/score")
 async def score(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
     svc = _service(request)
-    req = parse_score(value, svc.limits_for(caller))
-    model_id, scores = await svc.score(req.prompts, req.responses)
-    out: dict = {"scores": scores, "model": model_id}
+    limits = svc.limits_for(caller)
+    req = parse_score(value, limits)
+    names = svc.verifiers.names()
+    checks = parse_checks(value["items"], limits, names, svc.settings.default_verifier)
+    weights = parse_weights(value.get("weights"), names)
+    if any(checks) or weights is not None:
+        combined = await combine(svc, req.prompts, req.responses, checks, weights)
+        out: dict = {"scores": combined.rewards, "model": combined.model, **combined.item_fields()}
+        correct = combined.correct
+    else:  # the reward model alone, as before verifiers existed
+        model_id, scores = await svc.score(req.prompts, req.responses)
+        out, correct = {"scores": scores, "model": model_id}, [None] * len(scores)
     if req.group_size is not None:
-        out["advantages"], out["degenerate_groups"] = group_advantages(scores, req.group_size,
-                                                                       req.advantage)
+        out.update(group_fields(svc, req, out["scores"], correct))
     return JSONResponse(out)
 
 
 @router.post("/get_reward")
 async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
-    """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`."""
+    """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`. With `labels`
+    (ground truth), `rewards` is the combined reward and `scores` the 0/1 correctness (OpenRLHF's
+    dynamic filter keeps a prompt when 0 < mean(scores) < 1); items without a verdict score their
+    reward. `extra_logs` holds numbers per item (see rewards.Combined.item_logs)."""
     svc = _service(request)
-    req = parse_get_reward(value, svc.limits_for(caller))
-    model_id, scores, splits = await svc.get_reward(req)
+    limits = svc.limits_for(caller)
+    req = parse_get_reward(value, limits)
+    names = svc.verifiers.names()
+    checks = label_checks(value, len(req.queries), limits, names, svc.settings.default_verifier)
+    if any(checks):
+        splits = await svc.split_queries(req)
+        combined = await combine(svc, [s.prompt for s in splits], [s.response for s in splits],
+                                 checks, None)
+        model_id, rewards = combined.model, combined.rewards
+        scores = [float(c) if c is not None else r for c, r in zip(combined.correct, rewards,
+                                                                    strict=True)]
+        verdict_logs = combined.item_logs()
+    else:
+        model_id, rewards, splits = await svc.get_reward(req)
+        scores, verdict_logs = rewards, {}
     # extra_logs: numbers per item (OpenRLHF averages each key); unsplit 1.0 = scored without prompt
     logs = {"response_chars": [float(len(s.response)) for s in splits],
-            "unsplit": [float(s.how == "unsplit") for s in splits]}
+            "unsplit": [float(s.how == "unsplit") for s in splits], **verdict_logs}
     if req.single:
-        scores, logs = scores[0], {k: v[0] for k, v in logs.items()}
-    return JSONResponse({"rewards": scores, "scores": scores, "extra_logs": logs},
-                        headers={"X-Bradley-Model": model_id})
+        rewards, scores, logs = rewards[0], scores[0], {k: v[0] for k, v in logs.items()}
+    return JSONResponse({"rewards": rewards, "scores": scores, "extra_logs": logs},
+                        headers={"X-Bradley-Model": model_id or ""})
 
 
 @router.get("/models")

@@ -17,10 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rm.verifier_pool import VerifierPool
+from service.advantages import PassRates
 from service.batcher import Batcher
 from service.metrics import Metrics
 from service.payloads import Limits, PayloadError, text_chars
-from service.settings import Settings
+from service.rewards import weights_setting
+from service.settings import Settings, plugins_setting
 
 log = logging.getLogger("bradley.service")
 UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
@@ -87,9 +90,17 @@ class Service:
                                settings.max_wait_ms / 1000, settings.max_queue_items,
                                on_forward=self.metrics.on_forward)
         self.metrics.queue_items.set_function(lambda: self.batcher.queued_items)
+<<<<<<< HEAD
         self.metrics.queue_limit.set(settings.max_queue_items)
         self.metrics.model_ready.set_function(lambda: float(self.current is not None))
         self.metrics.read_only.set(float(settings.read_only))
+=======
+        self.verifiers = VerifierPool(settings.verifier_workers, settings.verifier_timeout_s,
+                                      plugins_setting(settings.verifier_plugins),
+                                      on_status=self.metrics.on_verdict)
+        self.reward_weights = weights_setting(settings.reward_weights)
+        self.pass_rates = PassRates()
+>>>>>>> main
         self.store = None
         self.current: LoadedModel | None = None
         self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="bradley-store")
@@ -115,6 +126,7 @@ class Service:
         drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
+        self.verifiers.close()
         self._store_thread.shutdown(wait=True)
         for encoder in self._encoders.values():
             encoder.shutdown(wait=True)
@@ -192,14 +204,25 @@ class Service:
         """OpenRLHF's queries split by the served model's template (rm/template.py: split_query) and
         scored like /score; returns (model id, scores, the Split of each query). A query that cannot
         be split honestly is counted, and refused (422 naming it) under BRADLEY_STRICT_GET_REWARD=1."""
-        from rm.template import split_query
-
         loaded = self.current
         if loaded is None:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
+        splits = await self.split_queries(req)
+        _, scores = await self.score([s.prompt for s in splits], [s.response for s in splits])
+        return loaded.id, scores, splits
+
+    async def split_queries(self, req) -> list:
+        """Each query as (prompt, response): by the served model's template when a model is loaded;
+        without one (a verifier-only server) by the given prompt when it is a prefix, else unsplit."""
+        from rm.template import Split, split_query
+
+        loaded = self.current
         given = req.prompts or [None] * len(req.queries)
 
         def split_all():
+            if loaded is None:
+                return [Split(p, q[len(p):], "prompt_prefix") if p and q.startswith(p)
+                        else Split("", q, "unsplit") for q, p in zip(req.queries, given, strict=True)]
             return [split_query(loaded.rm.tokenizer, q, p) for q, p in zip(req.queries, given, strict=True)]
 
         # string work grows with the texts: off the event loop, in the tokenizer lane of this size
@@ -213,8 +236,7 @@ class Service:
                                "be split into prompt + response (the prompt is not a prefix of the "
                                "query and the query carries no chat template); send `prompts` that "
                                "the queries start with, or unset BRADLEY_STRICT_GET_REWARD")
-        _, scores = await self.score([s.prompt for s in splits], [s.response for s in splits])
-        return loaded.id, scores, splits
+        return splits
 
     # -- the store -------------------------------------------------------------------------------
 

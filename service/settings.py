@@ -56,10 +56,32 @@ class Settings(BaseSettings):
     # /metrics without a key (Prometheus scrapes usually carry none); it names the served model only
     metrics_require_key: bool = False
     drain_timeout_s: float = Field(30.0, ge=0)
+    # Verifiable rewards (service/rewards.py): worker processes, the per-call wall-clock limit, the
+    # default weights ("rm=0,gsm8k=1"), the checker for ground truth that names none, and extra
+    # checkers by import path ("name=module:function,...", imported by the workers).
+    verifier_workers: int = Field(2, ge=1, le=64)
+    verifier_timeout_s: float = Field(5.0, gt=0, le=600)
+    reward_weights: str = ""
+    default_verifier: str = ""  # for ground truth that names no verifier; "" = the RM judges
+    verifier_plugins: str = ""
     # Label Studio sends it in the X-Bradley-Webhook-Secret header (the webhook's custom headers);
     # unset: the webhook needs a bearer API key like any other write
     label_studio_webhook_secret: str | None = Field(None, min_length=16)
     log_level: str = "info"
+
+    @field_validator("reward_weights")
+    @classmethod
+    def _check_weights(cls, value):
+        from service.rewards import weights_setting
+
+        weights_setting(value)
+        return value
+
+    @field_validator("verifier_plugins")
+    @classmethod
+    def _check_plugins(cls, value):
+        plugins_setting(value)
+        return value
 
     @field_validator("api_keys", mode="before")
     @classmethod
@@ -70,6 +92,21 @@ class Settings(BaseSettings):
         if any(len(k) < 8 for k in keys):
             raise ValueError("every key needs at least 8 characters")
         return keys
+
+
+def plugins_setting(text: str) -> dict[str, str]:
+    """BRADLEY_VERIFIER_PLUGINS `name=module:function,...` -> {name: "module:function"}.
+
+    >>> plugins_setting("slow=tests.rm.verifier_plugins:sleepy")
+    {'slow': 'tests.rm.verifier_plugins:sleepy'}
+    """
+    plugins = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, _, path = part.partition("=")
+        if not name.strip() or ":" not in path:
+            raise ValueError(f"{part!r} is not name=module:function")
+        plugins[name.strip()] = path.strip()
+    return plugins
 
 
 def load_settings(**overrides) -> Settings:

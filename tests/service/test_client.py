@@ -11,6 +11,7 @@ from service.client import (
     ClientError,
     ScoreClient,
     compute_score,
+    compute_score_batch,
     trl_reward_func,
 )
 from tests.service.conftest import API_KEY
@@ -70,9 +71,32 @@ def test_trl_reward_func_takes_conversational_completions(live, offline):
 
 def test_verl_compute_score_reads_the_url_from_the_environment(live, monkeypatch, offline):
     monkeypatch.setenv("BRADLEY_URL", live.url)
-    got = compute_score("gsm8k", "The answer is 4.", "4", {"prompt": "What is 2+2?"})
+    got = compute_score("chat", "The answer is 4.", "4", {"prompt": "What is 2+2?"})
     assert got == pytest.approx(offline["rm-tiny-a"].score(["What is 2+2?"], ["The answer is 4."])[0],
                                 abs=1e-5)
+
+
+def test_verl_compute_score_forwards_ground_truth(live, monkeypatch):
+    """verl calls compute_score(data_source, solution_str, ground_truth, extra_info) per sample and
+    dispatches on data_source "openai/gsm8k" (volcengine/verl verl/utils/reward_score/__init__.py,
+    default_compute_score, commit 03c3afd25c6ab4549b5886cfd883aac0dd001b52): the server's gsm8k
+    verifier scores such items; a source it has no checker for is left to the reward model."""
+    monkeypatch.setenv("BRADLEY_URL", live.url)
+    assert compute_score("openai/gsm8k", "2+2=4\n#### 4", "4", {"prompt": "2+2?"}) == pytest.approx(1.1)
+    assert compute_score("openai/gsm8k", "The answer is 4.", "4", {"prompt": "2+2?"}) == 0.0
+    assert compute_score_batch(["openai/gsm8k", "HuggingFaceH4/MATH-500"], ["#### 7", r"\boxed{7}"],
+                               ["7", "7"], [{"prompt": "q"}] * 2) == pytest.approx([1.1, 1.0])
+
+
+def test_trl_reward_func_forwards_the_ground_truth_column(live):
+    """TRL's GRPOTrainer passes every dataset column but prompt/completion to reward functions as
+    keyword lists (huggingface/trl trl/trainer/grpo_trainer.py, the reward_kwargs of its reward
+    computation)."""
+    reward = trl_reward_func(live.url)
+    got = reward(prompts=["q1", "q2", "q3"], completions=["#### 3", "#### 5", "x"],
+                 ground_truth=["3", "4", "1"], data_source=["openai/gsm8k"] * 3)
+    reward.client.close()
+    assert got == pytest.approx([1.1, 0.1, 0.0])
 
 
 def test_large_calls_go_as_parallel_chunks_of_whole_groups(live, hh_items, offline, monkeypatch):

@@ -83,7 +83,9 @@ def verl_env(live, monkeypatch):
 def test_verl_naive_manager_two_questions_same_answer_differ(verl_env, offline):
     fn = partial(call_with_kwargs, load_by_path().compute_score, {"temperature": 0.7})
     other = "Name the capital of France."
-    got = [fn(data_source="openai/gsm8k", solution_str=ANSWER, ground_truth="4",
+    # a data source the server has no checker for: the reward model judges (openai/gsm8k would
+    # go to the gsm8k verifier, tests/service/test_client.py)
+    got = [fn(data_source="chat", solution_str=ANSWER, ground_truth="4",
               extra_info=verl_extra_info(q, i)) for i, q in enumerate((QUESTION, other))]
     expected = offline["rm-tiny-a"].score([QUESTION, other], [ANSWER, ANSWER])
     assert got == pytest.approx(expected, abs=1e-5)
@@ -164,8 +166,8 @@ def test_fidelity_every_route_gives_one_reward(live, offline, monkeypatch):
             "trl_reward_func": trl_reward_func(live.url)([QUESTION], [ANSWER])[0],
             "trl_reward_func conversational": trl_reward_func(live.url)(
                 [[{"role": "user", "content": QUESTION}]], [[{"role": "assistant", "content": ANSWER}]])[0],
-            "compute_score": compute_score("gsm8k", ANSWER, "4", {"question": QUESTION}),
-            "compute_score_batch": compute_score_batch(["gsm8k"], [ANSWER], ["4"],
+            "compute_score": compute_score("chat", ANSWER, "4", {"question": QUESTION}),
+            "compute_score_batch": compute_score_batch(["chat"], [ANSWER], ["4"],
                                                        [{"question": QUESTION}])[0],
         }
     assert got == {k: pytest.approx(expected, abs=1e-5) for k in got}

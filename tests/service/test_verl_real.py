@@ -52,7 +52,8 @@ def data(with_prompt=True):
     return DataProto.from_dict(
         tensors={"prompts": prompt_ids, "responses": response_ids, "attention_mask": mask,
                  "input_ids": torch.cat([prompt_ids, response_ids], 1)},
-        non_tensors={"data_source": np.array(["openai/gsm8k"] * rows, dtype=object),
+        # a source without a checker on the server, so the reward model judges (not gsm8k's verifier)
+        non_tensors={"data_source": np.array(["chat"] * rows, dtype=object),
                      "reward_model": np.array([{"ground_truth": "4"}] * rows, dtype=object),
                      "extra_info": np.array(infos, dtype=object)})
 

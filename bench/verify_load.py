@@ -1,0 +1,256 @@
+"""Benchmark: verifier-only /score under trainer load, against calling the verifiers in-process.
+
+Items are real: reasoning-gym's gsm_symbolic problems (tests/verify_data.py builds them in a cached
+venv of their own) in three variants each (the worked solution, the answer + 1, the marker removed)
+for `gsm8k`; for `math`, the same answers as LaTeX (`\\boxed{N}`, `\\boxed{\\frac{2N}{2}}`,
+`\\boxed{N+1}`, a bare number).
+
+1. in-process: one loop calling `rm.verifiers.run_verifier` on the items in this process (what a
+   trainer's own reward function does), nothing else running;
+2. served: `bradley serve` (the real CLI, a separate process, no reward model loaded) driven by 64
+   concurrent clients over keep-alive HTTP/1.1, each request a batch of --items items; every call
+   runs in a verifier worker process under the 5 s limit;
+3. timeout path: the gsm8k load again with a few requests carrying a regex item that backtracks
+   catastrophically (`(a+)+$` on 28 a's and a "!"): each must come back as `status: timeout` after
+   about the limit while the rest keeps flowing, counted in the responses and in /metrics.
+
+Prints one JSON line: per verifier items_per_s, p50_ms, p99_ms, inprocess_items_per_s and
+verify_ratio_vs_inprocess (served / in-process); errors (HTTP errors plus `status: error` verdicts,
+goal 0); timeout_path (timeouts seen, their latency, /metrics counter). Goal:
+verify_ratio_vs_inprocess >= 0.7 for gsm8k on 2 cores. The load generator shares the cores.
+
+    nice -n 10 .venv/bin/python bench/verify_load.py [--scale 1.0] [--items 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CLIENTS = 64
+REDOS = {"prompt": "p", "response": "a" * 28 + "!", "verifier": "regex", "ground_truth": "(a+)+$"}
+
+
+def gsm_items(problems: list[dict]) -> list[dict]:
+    items = []
+    for p in problems:
+        head, _ = p["solution"].rsplit("####", 1)
+        wrong = f"{head}#### {float(p['answer']) + 1:g}"
+        for response in (p["solution"], wrong, p["solution"].replace("####", "")):
+            items.append({"prompt": p["question"], "response": response,
+                          "ground_truth": p["answer"], "verifier": "gsm8k"})
+    return items
+
+
+def math_items(problems: list[dict]) -> list[dict]:
+    items = []
+    for p in problems:
+        n = float(p["answer"])
+        n_text = f"{n:g}"
+        for response in (f"so \\boxed{{{n_text}}}", f"\\boxed{{\\frac{{{2 * n:g}}}{{2}}}}",
+                         f"\\boxed{{{n + 1:g}}}", n_text):
+            items.append({"prompt": p["question"], "response": response, "ground_truth": n_text,
+                          "verifier": "math"})
+    return items
+
+
+def in_process(items: list[dict], seconds: float) -> tuple[float, float]:
+    """(items/s, CPU µs per item) of a plain loop over the verifiers in this process."""
+    from rm.verifiers import run_verifier
+
+    run_verifier(items[0]["verifier"], items[0]["response"], items[0]["ground_truth"])  # imports
+    done, started, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - started < seconds:
+        for item in items:
+            run_verifier(item["verifier"], item["response"], item["ground_truth"])
+        done += len(items)
+    return done / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu) / done
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its live descendants (the verifier workers)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    tree, grew = {pid}, True
+    while grew:
+        more = {p for p, parent in parents.items() if parent in tree} - tree
+        tree, grew = tree | more, bool(more)
+    total = 0.0
+    for p in tree:
+        try:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+async def _client(port: int, bodies: list[bytes], out: dict) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for body in bodies:
+            head = (f"POST /score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                    f"Content-Length: {len(body)}\r\n\r\n").encode()
+            started = time.perf_counter()
+            writer.write(head + body)
+            status = int((await reader.readline()).split()[1])
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            payload = await reader.readexactly(length)
+            out["latencies"].append(time.perf_counter() - started)
+            if status != 200:
+                out["errors"].append(status)
+                continue
+            counts = json.loads(payload)["status_counts"]
+            for name, n in counts.items():
+                out["statuses"][name] = out["statuses"].get(name, 0) + n
+            if counts.get("timeout"):
+                out["timeout_latencies"].append(out["latencies"][-1])
+    except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+        out["errors"].append(type(exc).__name__)
+    finally:
+        writer.close()
+
+
+def drive(port: int, bodies: list[bytes], items_per_request: int, pid: int) -> dict:
+    out: dict = {"latencies": [], "errors": [], "statuses": {}, "timeout_latencies": []}
+
+    async def main():
+        await asyncio.gather(*(_client(port, bodies[c::CLIENTS], out) for c in range(CLIENTS)
+                               if bodies[c::CLIENTS]))
+
+    started, cpu, own = time.perf_counter(), tree_cpu_seconds(pid), time.process_time()
+    asyncio.run(main())
+    seconds = time.perf_counter() - started
+    cpu, own = tree_cpu_seconds(pid) - cpu, time.process_time() - own
+    n_items = len(bodies) * items_per_request
+    lat = sorted(out["latencies"])
+    pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
+    return {"requests": len(bodies), "items_per_s": round(len(bodies) * items_per_request / seconds, 1),
+            "p50_ms": pick(0.5), "p99_ms": pick(0.99), "http_errors": len(out["errors"]),
+            "server_cpu_us_per_item": round(1e6 * cpu / n_items, 1),
+            "client_cpu_us_per_item": round(1e6 * own / n_items, 1),
+            "statuses": out["statuses"],
+            "timeout_latency_s": [round(x, 2) for x in sorted(out["timeout_latencies"])]}
+
+
+def bodies_of(items: list[dict], requests: int, per_request: int) -> list[bytes]:
+    return [json.dumps({"items": [items[(i * per_request + k) % len(items)]
+                                  for k in range(per_request)]}).encode() for i in range(requests)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(port: int, db: str) -> subprocess.Popen:
+    import httpx
+
+    env = {**os.environ, "BRADLEY_VERIFIER_WORKERS": "2", "BRADLEY_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "--db", db, "serve", "--port",
+                             str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError("bradley serve did not start")
+
+
+def metric(port: int, prefix: str) -> float:
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--scale", type=float, default=1.0, help="multiplies the request counts")
+    parser.add_argument("--items", type=int, default=64, help="items per request")
+    args = parser.parse_args()
+    import logging
+
+    from tests.verify_data import load_verify_data
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # "timeouts are off": they are, here
+
+    problems = load_verify_data()["gsm_symbolic"]
+    sets = {"gsm8k": gsm_items(problems), "math": math_items(problems[:150])}
+    requests = {"gsm8k": int(1500 * args.scale), "math": int(60 * args.scale)}
+    result: dict = {"bench": "verify_load", "clients": CLIENTS, "items_per_request": args.items,
+                    "cores": len(os.sched_getaffinity(0))}
+    with tempfile.TemporaryDirectory() as tmp:
+        port = free_port()
+        server = start_server(port, str(Path(tmp) / "bench.duckdb"))
+        try:
+            for name, items in sets.items():
+                result[name] = phase(port, server.pid, items, requests[name], args.items)
+            result["timeout_path"] = timeout_path(port, server.pid, sets["gsm8k"],
+                                                  requests["gsm8k"], args.items)
+        finally:
+            server.terminate()
+            server.wait(timeout=60)
+    result["load_average_1m"] = os.getloadavg()[0]
+    result["verify_ratio_vs_inprocess"] = result["gsm8k"]["verify_ratio_vs_inprocess"]
+    result["errors"] = sum(result[k]["http_errors"] + result[k]["statuses"].get("error", 0)
+                           for k in ("gsm8k", "math", "timeout_path"))
+    print(json.dumps(result))
+
+
+def phase(port: int, pid: int, items: list[dict], requests: int, per_request: int) -> dict:
+    """In-process before and after the served run (the better one counts: the machine is shared),
+    the served run, and their ratios: wall-clock items/s and CPU per item."""
+    before = in_process(items, 3.0)
+    drive(port, bodies_of(items, CLIENTS, per_request), per_request, pid)  # warm-up
+    served = drive(port, bodies_of(items, requests, per_request), per_request, pid)
+    best = max(before, in_process(items, 3.0))
+    served.update(inprocess_items_per_s=round(best[0], 1), inprocess_cpu_us_per_item=round(best[1], 1),
+                  verify_ratio_vs_inprocess=round(served["items_per_s"] / best[0], 3),
+                  cpu_ratio_vs_inprocess=round(best[1] / served["server_cpu_us_per_item"], 3))
+    return served
+
+
+def timeout_path(port: int, pid: int, items: list[dict], requests: int, per_request: int) -> dict:
+    """The gsm8k load with 4 requests that each carry one catastrophically backtracking regex."""
+    bodies = bodies_of(items, requests, per_request)
+    step = len(bodies) // 4
+    for i in range(4):
+        value = json.loads(bodies[i * step + step // 2])
+        value["items"][0] = REDOS
+        bodies[i * step + step // 2] = json.dumps(value).encode()
+    before = metric(port, 'bradley_verifier_calls_total{status="timeout"')
+    out = drive(port, bodies, per_request, pid)
+    out["metrics_timeouts"] = metric(port, 'bradley_verifier_calls_total{status="timeout"') - before
+    for key in ("server_cpu_us_per_item", "client_cpu_us_per_item"):
+        out.pop(key)  # the killed workers took their CPU counts with them
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,370 @@
+"""Verifier calls in worker processes, each call under a wall-clock limit.
+
+Why processes: a checker can hang (a catastrophic regex, a sympy simplification, a program stuck in
+`while True`) and Python cannot interrupt a thread; math-verify's own timeouts use `signal.alarm`,
+which only works on the main thread, so inside a server's threads it either raises or (with its
+timeouts off) runs unbounded. A worker process can always be killed.
+
+How: `workers` subprocesses (`python -m rm.verifier_pool`), each fed by one dispatcher thread that
+hands it a chunk of calls as one JSON line and reads back one JSON line of verdicts. A call's clock
+starts when the worker starts it: before each call the worker writes (chunk, call, start time) to a
+small shared page, so when the parent's wait runs out it knows which call is running and since when,
+and waits on until that call's own deadline (one message each way per chunk, not per call, keeps
+the server's threads from waking once per call). A call past its deadline: the worker's process
+group is killed (taking any program it ran with it), the call gets reward 0 and `status: timeout`,
+a fresh worker starts, and the chunk's other calls go back on the queue. A worker that dies on its
+own gives the call in progress `status: error`. Nothing becomes a silent zero: every status is
+counted (`counts`, and the `on_status` callback for /metrics).
+
+    >>> with VerifierPool(workers=1, timeout_s=5) as pool:
+    ...     [v.reward for v in pool.verify([("gsm8k", "#### 10", "10", None),
+    ...                                     ("exact", "no", "yes", None)])]
+    [1.1, 0.0]
+
+Extra verifiers (tests, site-specific checkers) are named by import path, `{"slow": "pkg.mod:fn"}`:
+the workers import them at start, since functions cannot travel to another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import itertools
+import json
+import logging
+import mmap
+import os
+import queue
+import select
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from rm.verifiers import VERIFIERS, Verdict, run_verifier
+
+DEFAULT_TIMEOUT_S = 5.0
+CHUNK = 32          # calls per message: amortises the pipe round trip without starving the other worker
+START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
+
+Call = tuple  # (verifier name, response, ground truth, options dict or None)
+
+
+class _Request:
+    """The verdicts of one submit(); its future completes when its last chunk is answered."""
+
+    def __init__(self, n_chunks: int, out: list):
+        self.left, self.out, self.future, self.lock = n_chunks, out, Future(), threading.Lock()
+
+    def add_chunk(self) -> None:
+        with self.lock:
+            self.left += 1
+
+    def chunk_done(self) -> None:
+        with self.lock:
+            self.left -= 1
+            done = self.left == 0
+        if done:
+            self.future.set_result(self.out)
+
+
+class _Job:
+    """A chunk of a request: its calls and where their verdicts go in the request's list."""
+
+    def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request):
+        self.calls, self.where, self.request = list(calls), list(where), request
+        self.retried = False  # sent again whole after its worker died before starting it
+
+
+PROGRESS = struct.Struct("qqd")  # chunk number, call index within it, CLOCK_MONOTONIC at its start
+
+
+class _Worker:
+    """One `python -m rm.verifier_pool` process in its own process group, and a 24-byte shared
+    page where it notes which call it is running and since when (so results can travel one line
+    per chunk while the parent still knows each call's start)."""
+
+    def __init__(self, plugins: dict[str, str], limit_s: float):
+        fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
+        os.ftruncate(fd, PROGRESS.size)
+        self.progress = mmap.mmap(fd, PROGRESS.size)
+        os.close(fd)
+        env = {**os.environ, "BRADLEY_VERIFIER_PLUGINS": json.dumps(plugins),
+               "BRADLEY_VERIFIER_PROGRESS": path, "BRADLEY_VERIFIER_LIMIT_S": str(limit_s),
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_pool"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         start_new_session=True, bufsize=0)
+            self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
+            ready = self.read_line(START_TIMEOUT_S)
+        finally:
+            os.unlink(path)  # both sides hold the mapping; nothing is left on disk
+        if ready != {"ready": True}:
+            self.kill()
+            raise RuntimeError(f"verifier worker did not start (got {ready!r}); see its stderr")
+
+    def send(self, calls: list[Call]) -> int:
+        self.seq += 1
+        self.proc.stdin.write(json.dumps([self.seq, calls]).encode() + b"\n")
+        return self.seq
+
+    def running(self, seq: int) -> tuple[int, float] | None:
+        """(index, start) of the call of chunk `seq` in progress; None before the chunk starts."""
+        at, index, started = PROGRESS.unpack_from(self.progress, 0)
+        return (index, started) if at == seq else None
+
+    def read_line(self, timeout: float):
+        """The next JSON line, None at the deadline, EOFError when the worker is gone."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
+                return None
+            data = os.read(self.fd, 1 << 16)  # below malloc's mmap threshold
+            if not data:
+                raise EOFError("verifier worker exited")
+            self.buffer += data
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self.progress.close()
+
+
+_SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class VerifierPool:
+    def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 plugins: dict[str, str] | None = None,
+                 on_status: Callable[[str, str, int], None] | None = None, chunk: int = CHUNK):
+        if workers < 1 or timeout_s <= 0:
+            raise ValueError("workers must be >= 1 and timeout_s > 0")
+        self.n_workers, self.timeout_s, self.chunk = workers, timeout_s, chunk
+        self.plugins, self.on_status = dict(plugins or {}), on_status
+        self.counts: Counter = Counter()
+        self.restarts = 0
+        # (priority, order, job): calls sent back after a timeout jump the queue (0), new chunks
+        # wait their turn (1), the stop signals come last (2).
+        self._jobs: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._threads: list[threading.Thread] = []
+        self._workers: list[_Worker | None] = [None] * workers
+        self._ready = [threading.Event() for _ in range(workers)]
+        self._lock, self._closed = threading.Lock(), False
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def names(self) -> set[str]:
+        return set(VERIFIERS) | set(self.plugins)
+
+    # -- submitting ------------------------------------------------------------------------------
+
+    def submit(self, calls: Sequence[Call]) -> Future:
+        """A Future of the verdicts of `calls`, in order; work is split into chunks across workers."""
+        self._ensure_started()
+        out: list = [None] * len(calls)
+        starts = range(0, len(calls), self.chunk)
+        request = _Request(len(starts), out)
+        if not calls:
+            request.future.set_result(out)
+        for start in starts:
+            where = range(start, min(start + self.chunk, len(calls)))
+            self._put(1, _Job([calls[i] for i in where], where, request))
+        return request.future
+
+    def verify(self, calls: Sequence[Call]) -> list[Verdict]:
+        return self.submit(calls).result()
+
+    async def averify(self, calls: Sequence[Call]) -> list[Verdict]:
+        """For the event loop: it only waits; the calls run in the worker processes."""
+        return await asyncio.wrap_future(self.submit(calls))
+
+    # -- the dispatcher threads -------------------------------------------------------------------
+
+    def _ensure_started(self) -> None:
+        with self._lock:
+            if self._threads:
+                return
+            for slot in range(self.n_workers):
+                thread = threading.Thread(target=self._serve, args=(slot,), daemon=True,
+                                          name=f"bradley-verifier-{slot}")
+                thread.start()
+                self._threads.append(thread)
+
+    def wait_ready(self, timeout: float = START_TIMEOUT_S) -> bool:
+        """Start the workers now (rather than on the first call) and wait until all are up."""
+        self._ensure_started()
+        deadline = time.monotonic() + timeout
+        return all(e.wait(max(0.0, deadline - time.monotonic())) for e in self._ready)
+
+    def _spawn(self, slot: int) -> None:
+        """Start this slot's worker ahead of need: a replacement must not delay the next call."""
+        try:
+            self._worker(slot)
+        except Exception:
+            pass  # the next call retries and reports the failure as `status: error`
+        self._ready[slot].set()
+
+    def _serve(self, slot: int) -> None:
+        self._spawn(slot)
+        while (job := self._jobs.get()[2]) is not None:
+            try:
+                self._run(slot, job)
+            except Exception as exc:  # worker would not start: answer, do not hang the request
+                why = Verdict(0.0, None, False, "error", detail=str(exc)[:300])
+                self._answer(job, {i: why for i in range(len(job.calls))
+                                   if job.request.out[job.where[i]] is None})
+            job.request.chunk_done()
+            if self._workers[slot] is None and not self._closed:
+                self._spawn(slot)
+
+    def _worker(self, slot: int) -> _Worker:
+        if self._workers[slot] is None:
+            self._workers[slot] = _Worker(self.plugins, self.timeout_s)
+        return self._workers[slot]
+
+    def _run(self, slot: int, job: _Job) -> None:
+        """Send the chunk, wait for its one result line. The deadline follows the call in
+        progress: when the wait ends without an answer, the shared page says which call runs and
+        since when; only a call running past the limit gets the worker killed."""
+        worker = self._worker(slot)
+        try:
+            seq = worker.send([list(c) for c in job.calls])
+        except OSError:  # it died between chunks (e.g. the OOM killer): a fresh one, once
+            self._replace(slot)
+            worker = self._worker(slot)
+            seq = worker.send([list(c) for c in job.calls])
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                line = worker.read_line(max(0.0, deadline - time.monotonic()))
+            except EOFError:
+                return self._lost(slot, job, worker.running(seq), "error", "verifier worker died")
+            if line is not None:
+                self._answer(job, {i: Verdict(*v) for i, v in enumerate(line[1])})
+                return None
+            running = worker.running(seq)
+            now = time.monotonic()
+            if running is None:  # not started yet (the clock runs from the start)
+                deadline = now + self.timeout_s
+            elif running[1] + self.timeout_s > now:
+                deadline = running[1] + self.timeout_s
+            else:
+                return self._lost(slot, job, running, "timeout",
+                                  f"over the {self.timeout_s:g} s limit; worker replaced")
+
+    def _lost(self, slot: int, job: _Job, running, status: str, detail: str) -> None:
+        """Kill the worker; the call it was running gets `status`; the chunk's other calls (their
+        results died with it) go back on the queue for whichever worker is free first."""
+        self._replace(slot)
+        if running is None and not job.retried:  # it died before starting: nobody to blame
+            culprit = None
+        else:
+            culprit = running[0] if running is not None else 0
+            self._answer(job, {culprit: Verdict(0.0, None, False, status, detail=detail)})
+        rest = [i for i in range(len(job.calls)) if i != culprit]
+        if rest:
+            job.request.add_chunk()
+            again = _Job([job.calls[i] for i in rest], [job.where[i] for i in rest], job.request)
+            again.retried = culprit is None
+            self._put(0, again)
+
+    def _put(self, priority: int, job: _Job | None) -> None:
+        self._jobs.put((priority, next(self._order), job))
+
+    def _answer(self, job: _Job, verdicts: dict[int, Verdict]) -> None:
+        seen: Counter = Counter()
+        for i, verdict in verdicts.items():
+            job.request.out[job.where[i]] = verdict
+            seen[job.calls[i][0], verdict.status] += 1
+        with self._lock:
+            for (name, status), n in seen.items():
+                self.counts[status] += n
+                if self.on_status is not None:
+                    self.on_status(name, status, n)
+
+    def _replace(self, slot: int) -> None:
+        worker, self._workers[slot] = self._workers[slot], None
+        if worker is not None:
+            worker.kill()
+        self.restarts += 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            threads, self._threads = self._threads, []
+        for _ in threads:
+            self._put(2, None)
+        for thread in threads:
+            thread.join(timeout=10)
+        for slot in range(self.n_workers):
+            if self._workers[slot] is not None:
+                self._replace(slot)
+        with self._lock:  # a later submit starts afresh (a service that is stopped and started)
+            self._ready = [threading.Event() for _ in range(self.n_workers)]
+            self._closed = False
+
+
+# -- the worker process -------------------------------------------------------------------------
+
+
+def _load_plugins() -> None:
+    for name, path in json.loads(os.environ.get("BRADLEY_VERIFIER_PLUGINS") or "{}").items():
+        module, _, attr = path.partition(":")
+        VERIFIERS[name] = getattr(importlib.import_module(module), attr)
+
+
+def _warm_up() -> None:
+    """Import math-verify (sympy: seconds) before announcing readiness, so no call pays for it.
+    Its once-per-process warning that timeouts are off is expected here: the pool is the timeout."""
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    try:
+        run_verifier("math", "\\boxed{1}", "1")
+    except Exception:
+        pass
+
+
+def worker_main() -> None:
+    # Our protocol owns the real stdout; anything a verifier prints goes to stderr instead.
+    out = os.fdopen(os.dup(1), "wb", buffering=0)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    with open(os.environ["BRADLEY_VERIFIER_PROGRESS"], "r+b") as f:
+        progress = mmap.mmap(f.fileno(), PROGRESS.size)
+    _load_plugins()
+    _warm_up()
+    out.write(b'{"ready": true}\n')
+    for line in sys.stdin.buffer:
+        seq, calls = json.loads(line)
+        results = []
+        for index, (name, response, ground_truth, options) in enumerate(calls):
+            PROGRESS.pack_into(progress, 0, seq, index, time.monotonic())
+            v = run_verifier(name, response, ground_truth, options)
+            results.append([v.reward, v.correct, v.format_ok, v.status, v.extracted, v.detail])
+        out.write(json.dumps([seq, results]).encode() + b"\n")
+
+
+if __name__ == "__main__":
+    worker_main()
