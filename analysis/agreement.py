@@ -19,7 +19,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from analysis.verdicts import SECOND, TIE, Verdicts, category_counts, collapse, verdict_items
+from analysis.verdicts import (
+    HI,
+    TIE,
+    Verdicts,
+    category_counts,
+    collapse,
+    verdict_items,
+    wilson_interval,
+)
 
 MIN_OVERLAP = 10      # items two raters must share before their Cohen's kappa is reported
 MAX_KAPPA_RATERS = 50  # Cohen's kappa is computed among this many of the busiest raters
@@ -125,8 +133,8 @@ def leave_one_out_majority(counts: np.ndarray, item: np.ndarray, category: np.nd
     Returns (has_majority, agrees): has_majority is False when no other verdict exists or the
     others split evenly between their top categories; agrees says the verdict matched it.
 
-    Item counts (first, second, tie) = (2, 1, 0). The 'second' verdict sees (2, 0, 0): disagrees;
-    a 'first' verdict sees (1, 1, 0): no majority.
+    Item counts (lo, hi, tie) = (2, 1, 0). The 'hi' verdict sees (2, 0, 0): disagrees;
+    a 'lo' verdict sees (1, 1, 0): no majority.
     >>> has, agrees = leave_one_out_majority(np.array([[2, 1, 0]]), np.array([0, 0]), np.array([1, 0]))
     >>> has.tolist(), agrees.tolist()
     ([True, False], [False, False])
@@ -137,21 +145,6 @@ def leave_one_out_majority(counts: np.ndarray, item: np.ndarray, category: np.nd
     unique = np.sum(others == top[:, None], axis=1) == 1
     has = unique & (top > 0)
     return has, has & (others.argmax(axis=1) == category)
-
-
-def wilson_interval(k: np.ndarray, n: np.ndarray, z: float = 1.959964) -> tuple:
-    """Wilson score interval for a binomial share k/n (Wilson 1927):
-    (p + z²/2n ± z √(p(1−p)/n + z²/4n²)) / (1 + z²/n).
-
-    >>> [round(float(x), 4) for x in wilson_interval(np.array(8), np.array(10))]
-    [0.4902, 0.9433]
-    """
-    n = np.asarray(n, dtype=float)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.asarray(k) / n
-        centre = p + z * z / (2 * n)
-        half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-        return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
 
 
 def matched_agreement(cat_x: np.ndarray, cat_y: np.ndarray) -> dict:
@@ -283,7 +276,7 @@ def _position_consistency(v: Verdicts) -> dict:
                           "cat": v.category[ai]})
     both = frame.groupby(["item", "rater"])["swapped"].transform("nunique") == 2
     frame = frame[both]
-    shown_first_won = (frame["cat"] != TIE) & ((frame["cat"] == SECOND) == frame["swapped"])
+    shown_first_won = (frame["cat"] != TIE) & ((frame["cat"] == HI) == frame["swapped"])
     frame = frame.assign(decided=frame["cat"] != TIE, shown_first_won=shown_first_won)
     result = {}
     for r, group in frame.groupby("rater", sort=True):

@@ -148,12 +148,12 @@ def choose_prior(group, i, j, votes: dict, seed: int = 0) -> float:
     one half predicts the other (empirical Bayes by cross-validation; Hastie et al. 2009, 7.10).
 
     Strong, consistent preferences (9 of 10 votes) want a wide prior, i.e. a small λ:
-    >>> votes = {"first": np.array([9, 9]), "second": np.array([1, 1]), "ties": np.zeros(2)}
+    >>> votes = {"lo": np.array([9, 9]), "hi": np.array([1, 1]), "ties": np.zeros(2)}
     >>> choose_prior(np.zeros(2, int), np.array([0, 1]), np.array([1, 2]), votes)
     0.1
     """
     rng = np.random.default_rng(seed)
-    kinds = ("first", "second", "ties")
+    kinds = ("lo", "hi", "ties")
     half = {k: rng.binomial(np.asarray(votes[k], dtype=np.int64), 0.5) for k in kinds}
     folds = (half, {k: np.asarray(votes[k]) - half[k] for k in kinds})
     width = int(max(np.max(i, initial=-1), np.max(j, initial=-1))) + 1
@@ -172,8 +172,8 @@ def choose_prior(group, i, j, votes: dict, seed: int = 0) -> float:
 
 
 def _n_and_share(counts: dict) -> tuple[np.ndarray, np.ndarray]:
-    n = counts["first"] + counts["second"] + counts["ties"]
-    return n, (counts["first"] + 0.5 * counts["ties"]) / np.maximum(n, 1)
+    n = counts["lo"] + counts["hi"] + counts["ties"]
+    return n, (counts["lo"] + 0.5 * counts["ties"]) / np.maximum(n, 1)
 
 
 def laplace_sd(theta, node_i, node_j, n, prior: float) -> np.ndarray:

@@ -31,7 +31,7 @@ import pyarrow as pa
 from scipy import sparse, stats
 
 from analysis.bt_fit import bradley_terry_fit, choose_prior, item_log_loss, laplace_sd
-from analysis.verdicts import FIRST, SECOND, TIE, Verdicts, verdict_items
+from analysis.verdicts import HI, LO, TIE, Verdicts, verdict_items
 
 N_WORST = 5
 MIN_VOTES_ASYMPTOTIC = 5  # mean votes per item before the χ² / optimism asymptotics are used
@@ -181,8 +181,8 @@ def analyze(table: pa.Table, n_worst: int = N_WORST, n_boot: int | None = None) 
     votes = _item_votes(v)
     nodes = _nodes(v)
     node_i, node_j, _, node_prompt = nodes
-    strict = votes["first"] != votes["second"]
-    sign = np.where(votes["first"] > votes["second"], 1, -1)
+    strict = votes["lo"] != votes["hi"]
+    sign = np.where(votes["lo"] > votes["hi"], 1, -1)
     a, b, c, cyclic = triads(node_i[strict], node_j[strict], sign[strict])
     n_total = int(votes["n"].sum())
     if n_boot is None:
@@ -203,11 +203,33 @@ def analyze(table: pa.Table, n_worst: int = N_WORST, n_boot: int | None = None) 
     }
 
 
+def loss_floors(table: pa.Table) -> dict:
+    """`entropy_floor` and `bt_floor` of a `Store.verdict_arrays()` table, and nothing else (no
+    triads, no bootstrap): what a training run records beside its losses. None for no verdicts.
+
+    >>> t = pa.table({"prompt_id": ["p"] * 4, "response_a": ["x", "x", "x", "y"],
+    ...               "response_b": ["y", "y", "y", "x"], "winner": ["a", "a", "b", "a"],
+    ...               "rater": ["human:1", "human:2", "human:3", "human:4"]})
+    >>> {k: round(v, 4) for k, v in loss_floors(t).items()}  # p̂ = 1/2 on one item: H = ln 2
+    {'entropy_floor': 0.6931, 'bt_floor': 0.6931}
+    """
+    if table.num_rows == 0:
+        return {"entropy_floor": None, "bt_floor": None}
+    v = verdict_items(table)
+    ent, bt = _plug_in_floors(v, _item_votes(v), _nodes(v))
+    return {"entropy_floor": ent, "bt_floor": bt}
+
+
+def _plug_in_floors(v: Verdicts, votes: dict, nodes: tuple) -> tuple[float, float]:
+    node_i, node_j = nodes[0], nodes[1]
+    bt, _ = bradley_terry_floor(v.item_prompt, node_i, node_j, votes["n"], votes["p_hat"])
+    return entropy_floor(votes["n"], votes["p_hat"]), bt
+
+
 def _floors(v: Verdicts, votes: dict, nodes: tuple, n_boot: int) -> dict:
     node_i, node_j, node_response, _ = nodes
     n, p_hat, n_total = votes["n"], votes["p_hat"], int(votes["n"].sum())
-    bt, _ = bradley_terry_floor(v.item_prompt, node_i, node_j, n, p_hat)
-    ent = entropy_floor(n, p_hat)
+    ent, bt = _plug_in_floors(v, votes, nodes)
     n_bt_params = _n_free_scores(node_i, node_j, len(node_response))
     df = v.n_items - n_bt_params
     floors = {
@@ -242,15 +264,15 @@ def _floors(v: Verdicts, votes: dict, nodes: tuple, n_boot: int) -> dict:
 
 def _item_votes(v: Verdicts) -> dict:
     count = {name: np.bincount(v.item, weights=v.category == code, minlength=v.n_items)
-             for name, code in (("first", FIRST), ("second", SECOND), ("ties", TIE))}
-    n = count["first"] + count["second"] + count["ties"]
-    return {**count, "n": n, "p_hat": (count["first"] + 0.5 * count["ties"]) / np.maximum(n, 1)}
+             for name, code in (("lo", LO), ("hi", HI), ("ties", TIE))}
+    n = count["lo"] + count["hi"] + count["ties"]
+    return {**count, "n": n, "p_hat": (count["lo"] + 0.5 * count["ties"]) / np.maximum(n, 1)}
 
 
 def _nodes(v: Verdicts) -> tuple:
     """One node per (prompt, response): the same response id under two prompts is two nodes."""
     width = len(v.response_names)
-    keys = np.concatenate([v.item_prompt * width + v.item_first, v.item_prompt * width + v.item_second])
+    keys = np.concatenate([v.item_prompt * width + v.item_lo, v.item_prompt * width + v.item_hi])
     codes, uniques = pd.factorize(keys)
     m = v.n_items
     return codes[:m], codes[m:], uniques % width, uniques // width
@@ -273,8 +295,8 @@ def _condorcet(v: Verdicts, node_i, node_j, votes: dict, node_prompt) -> dict:
     size = np.bincount(node_prompt, minlength=n_prompts)
     compared = np.bincount(v.item_prompt, minlength=n_prompts)
     complete = (size >= 3) & (compared == size * (size - 1) // 2)
-    strict = votes["first"] != votes["second"]
-    winner = np.where(votes["first"] > votes["second"], node_i, node_j)[strict]
+    strict = votes["lo"] != votes["hi"]
+    winner = np.where(votes["lo"] > votes["hi"], node_i, node_j)[strict]
     wins = np.bincount(winner, minlength=len(node_prompt))
     beats_all = wins == size[node_prompt] - 1
     has_winner = np.bincount(node_prompt[beats_all], minlength=n_prompts) > 0
@@ -295,7 +317,7 @@ def _worst_cycles(v: Verdicts, votes: dict, nodes: tuple, cycles: tuple, n_worst
     ab, ac, bc = (index.get_indexer(np.minimum(x, y) * width + np.maximum(x, y))
                   for x, y in ((a, b), (a, c), (b, c)))
     edges = np.stack([ab, ac, bc])
-    vote_margin = np.min(np.abs(votes["first"] - votes["second"])[edges], axis=0)
+    vote_margin = np.min(np.abs(votes["lo"] - votes["hi"])[edges], axis=0)
     share_margin = np.min(np.abs(votes["p_hat"][edges] - 0.5), axis=0)
     chosen = np.lexsort((-share_margin, -vote_margin))[:n_worst]
     return [_cycle_record(v, votes, nodes, index, width, (a[t], b[t], c[t])) for t in chosen]

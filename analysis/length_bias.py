@@ -28,43 +28,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-Z95 = 1.959963984540054
+from analysis.verdicts import TIE, Z95, A, B, wilson_interval, winner_codes
+
 MIN_FIT = 20  # fewer decided verdicts than this (or 5 per parameter) give no slope
-WINNERS = ("a", "b", "tie")  # winner codes are indices into this: a 0, b 1, tie 2
-A, B, TIE = 0, 1, 2
-
-
-def wilson_interval(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a proportion:
-
-        center = (p + z²/2n) / (1 + z²/n),  half = z / (1 + z²/n) · sqrt(p(1−p)/n + z²/4n²)
-
-    8 successes out of 10 (worked by hand: p = 0.8, z² = 3.8415, center 0.7167, half 0.2266):
-
-    >>> [round(x, 4) for x in wilson_interval(8, 10)]
-    [0.4902, 0.9433]
-    >>> wilson_interval(0, 0)
-    (0.0, 1.0)
-    """
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denom = 1.0 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z / denom * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return float(max(0.0, center - half)), float(min(1.0, center + half))
-
-
-def winner_codes(winner) -> np.ndarray:
-    """Integer codes of winner values (a 0, b 1, tie 2, anything else −1); codes pass through.
-
-    >>> winner_codes(["a", "tie", "b", "x"]).tolist()
-    [0, 2, 1, -1]
-    """
-    if isinstance(winner, np.ndarray) and winner.dtype.kind in "iu":
-        return winner
-    return _index_in(winner if isinstance(winner, (pa.Array, pa.ChunkedArray))
-                     else pa.array(np.asarray(winner, dtype=object), pa.string()), list(WINNERS))
 
 
 def _index_in(column, names: list) -> np.ndarray:

@@ -1,9 +1,11 @@
-"""Verdicts coded for the statistics: `Store.verdict_arrays()` → integer arrays, one row per verdict.
+"""Verdicts coded for the statistics: `Store.verdict_arrays()` → integer arrays, one row per verdict,
+and the two small tools every statistic shares (`winner_codes`, `wilson_interval`).
 
-An item is (prompt, unordered pair of responses). Every verdict is put in the item's orientation
-(the response with the smaller id is "first"), so 'a' on (x, y) and 'b' on (y, x) are the same
-verdict; categories are FIRST, SECOND and TIE. analysis.agreement and analysis.cycles both start
-from these codes.
+Two orders, two vocabularies (README: Vocabulary). `a`/`b` are the order a rater was shown
+(`winner_codes`: A, B, TIE). An item is (prompt, unordered pair of responses), taken in canonical
+order: `lo` is the response with the smaller id, `hi` the larger; every verdict is put in that
+orientation, so 'a' on (x, y) and 'b' on (y, x) are the same verdict, category LO (x < y).
+Categories are LO, HI and TIE. analysis.agreement and analysis.cycles both start from these codes.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-CATEGORIES = ("first", "second", "tie")
-FIRST, SECOND, TIE = 0, 1, 2
+CATEGORIES = ("lo", "hi", "tie")
+LO, HI, TIE = 0, 1, 2
+WINNERS = ("a", "b", "tie")  # a rater's raw verdict, in the order shown: codes A, B, TIE
+A, B = 0, 1
 REQUIRED_COLUMNS = ("prompt_id", "response_a", "response_b", "winner", "rater")
-WINNER_CODES = {"a": FIRST, "b": SECOND, "tie": TIE}
+Z95 = 1.959963984540054
 
 
 class VerdictTableError(ValueError):
@@ -27,8 +31,9 @@ class VerdictTableError(ValueError):
 
 @dataclass(frozen=True)
 class Verdicts:
-    """Integer-coded verdicts. Per verdict: prompt, item, rater, category, swapped (response_a was
-    the item's second response). Per item: item_prompt, item_first, item_second (response codes)."""
+    """Integer-coded verdicts. Per verdict: prompt, item, rater, category (LO, HI, TIE), swapped
+    (response_a was the item's `hi` response). Per item: item_prompt, item_lo, item_hi (response
+    codes)."""
 
     prompt: np.ndarray
     item: np.ndarray
@@ -36,8 +41,8 @@ class Verdicts:
     category: np.ndarray
     swapped: np.ndarray
     item_prompt: np.ndarray
-    item_first: np.ndarray
-    item_second: np.ndarray
+    item_lo: np.ndarray
+    item_hi: np.ndarray
     prompt_names: np.ndarray
     response_names: np.ndarray
     rater_names: np.ndarray
@@ -76,13 +81,13 @@ def verdict_items(table: pa.Table) -> Verdicts:
         raise VerdictTableError(f"{int(np.sum(code_a == code_b))} verdicts compare a response with "
                                 "itself; drop them (response_a must differ from response_b)")
     swapped = code_a > code_b
-    winner = _winner_codes(table["winner"])
+    winner = winner_codes(table["winner"])
     category = np.where(winner == TIE, TIE, np.where(swapped, 1 - winner, winner)).astype(np.int8)
-    first, second = np.minimum(code_a, code_b), np.maximum(code_a, code_b)
-    pair = pd.factorize(first * len(response_names) + second)[0]
+    lo, hi = np.minimum(code_a, code_b), np.maximum(code_a, code_b)
+    pair = pd.factorize(lo * len(response_names) + hi)[0]
     item, _ = pd.factorize(prompt * (int(pair.max(initial=0)) + 1) + pair)
     at = _first_occurrence(item)
-    return Verdicts(prompt, item, rater, category, swapped, prompt[at], first[at], second[at],
+    return Verdicts(prompt, item, rater, category, swapped, prompt[at], lo[at], hi[at],
                     prompt_names, response_names, rater_names)
 
 
@@ -94,12 +99,54 @@ def _sorted_codes(column) -> tuple[np.ndarray, np.ndarray]:
     return codes.to_numpy().astype(np.int64), np.asarray(uniques.to_pylist(), dtype=object)
 
 
-def _winner_codes(column) -> np.ndarray:
-    values, names = _sorted_codes(column)
-    bad = [str(n) for n in names if n not in WINNER_CODES]
-    if bad:
+def winner_codes(winner) -> np.ndarray:
+    """The one winner decoder: 'a' → A (0), 'b' → B (1), 'tie' → TIE (2); integer codes pass
+    through; anything else (or a null) is a VerdictTableError that names the values.
+
+    >>> winner_codes(["a", "tie", "b"]).tolist()
+    [0, 2, 1]
+    >>> winner_codes(["a", "x"])
+    Traceback (most recent call last):
+    ...
+    analysis.verdicts.VerdictTableError: winner must be 'a', 'b' or 'tie', got ['x']; fix those rows
+    """
+    if isinstance(winner, np.ndarray) and winner.dtype.kind in "iu":
+        return winner
+    column = winner if isinstance(winner, pa.Array | pa.ChunkedArray) else pa.array(
+        np.asarray(winner, dtype=object), pa.string())
+    codes = pc.index_in(column.cast(pa.string()), value_set=pa.array(WINNERS, pa.string()))
+    if codes.null_count:
+        bad = pc.unique(pc.filter(column, pc.is_null(codes))).to_pylist()
         raise VerdictTableError(f"winner must be 'a', 'b' or 'tie', got {bad[:5]}; fix those rows")
-    return np.array([WINNER_CODES[n] for n in names], dtype=np.int8)[values]
+    return np.asarray(codes.to_numpy(zero_copy_only=False), dtype=np.int8)
+
+
+def wilson_interval(k, n, z: float = Z95):
+    """The one Wilson score interval for a binomial share k/n (Wilson, JASA 1927), for numbers or
+    arrays alike; n = 0 gives (0, 1), and the bounds are clipped to [0, 1] against rounding:
+
+        centre = (p + z²/2n) / (1 + z²/n),  half = z / (1 + z²/n) · √(p(1−p)/n + z²/4n²)
+
+    8 successes out of 10 (by hand: p = 0.8, z² = 3.8415, centre 0.7167, half 0.2266):
+
+    >>> [round(float(x), 4) for x in wilson_interval(8, 10)]
+    [0.4902, 0.9433]
+    >>> wilson_interval(0, 0)
+    (0.0, 1.0)
+    >>> [x.round(4).tolist() for x in wilson_interval(np.array([8, 0]), np.array([10, 0]))]
+    [[0.4902, 0.0], [0.9433, 1.0]]
+    """
+    n = np.asarray(n, dtype=float)
+    safe = np.maximum(n, 1.0)
+    p = np.asarray(k, dtype=float) / safe
+    denom = 1.0 + z * z / safe
+    centre = (p + z * z / (2 * safe)) / denom
+    half = z / denom * np.sqrt(p * (1 - p) / safe + z * z / (4 * safe * safe))
+    low = np.where(n > 0, np.clip(centre - half, 0.0, 1.0), 0.0)
+    high = np.where(n > 0, np.clip(centre + half, 0.0, 1.0), 1.0)
+    if low.ndim == 0:
+        return float(low), float(high)
+    return low, high
 
 
 def _first_occurrence(codes: np.ndarray) -> np.ndarray:

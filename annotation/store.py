@@ -284,6 +284,12 @@ class Store(SnapshotQueries):
                 return row
         raise StoreError(f"model {model_id!r} not found; `GET /models` or the models table lists them")
 
+    def retire_model(self, model_id: str, by: str) -> None:
+        """Mark a model id as retired by a newer one (its folder was overwritten with `--overwrite`):
+        `config.retired_by` says so; the row stays, so the id is still traceable to its snapshot."""
+        self.con.execute("UPDATE models SET config = json_merge_patch(coalesce(config, '{}'), ?) "
+                         "WHERE id = ?", [canonical_json({"retired_by": by}), model_id])
+
     # -- reference log-probs -------------------------------------------------------------------
 
     def ref_logps(self, model_hash: str, template_hash: str,

@@ -11,7 +11,7 @@ taken as micro-batches of `--micro-batch` pairs (default 1: `--batch-size 1 --gr
 accumulated gradients: the same optimizer steps as TRL's, with the activations of one pair at a
 time. The first run includes the one-time reference pass in its time (`dpo_steps_per_s`); a second
 run on the same store finds every reference log-prob cached (`dpo_cached_steps_per_s`). Both give
-`dpo_peak_rss_mb`. A third run takes the CLI's defaults (`--batch-size 8`, cut by rm/po_train.py's
+`dpo_peak_rss_mb`. A third run takes the CLI's defaults (`--batch-size 8`, cut by rm/policy_run.py's
 token budget per forward into `dpo_default_micro_batches` micro-batches of 4 pairs): `dpo_default_*`,
 faster and larger. One more child per side stops where training would begin (imports, model,
 tokenized data, reference log-probs cached; TRL's trainer built): their peaks (`*_floor_rss_mb`)
@@ -29,16 +29,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import ROOT, WORK, ensure_trl_venv, run_measured, synthetic_pairs  # noqa: E402
 
 TRL_DPO_SCRIPT = r'''
 import json, sys
@@ -67,43 +65,36 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 '''
 
 
-# `bradley train po` up to its first step, through its own stages (rm/po_train.py): the snapshot's
-# rows, the policy, the tokenized pairs and the reference log-probs (cached by the measured runs).
+# `bradley train po` up to its first step, through its own stages (rm/policy_run.py), with the run's
+# config built directly: the snapshot's rows, the policy, the tokenized pairs and the reference
+# log-probs (cached by the measured runs).
 OUR_FLOOR_SCRIPT = r'''
 import json, sys
+import pyarrow.parquet as pq
 import torch
 from annotation.store import Store
-from rm import device as devices, po_train
-from service.cli import build_parser
-args = build_parser().parse_args(sys.argv[1:])
+from rm import device as devices, policy_run
+from rm.loop import TrainConfig
+from rm.objectives import PoConfig
+a = json.loads(sys.argv[1])
+config = policy_run.PolicyRunConfig(base_model=a["model"], max_length=a["max_length"], val_fraction=0,
+                                    train=TrainConfig(batch_size=a["batch_size"]),
+                                    objective=PoConfig(loss="dpo", beta=a["beta"]))
 device, info = torch.device("cpu"), devices.Dist()
 devices.set_threads(device, info)
-with Store(args.db) as store:
-    plan = {"pairs": store.pairs(args.snapshot).to_pylist(), "feedback": []}
-model, tokenizer, data = po_train._prepare(args, plan, device, info)
-po_train._reference(args, model, tokenizer, data, device, info)
+with Store(a["db"]) as store:
+    pq.write_table(store.pairs(a["snapshot"]), "floor_pairs.parquet")
+plan = {"pairs": "floor_pairs.parquet", "feedback": None, "partial": "."}
+model, tokenizer, data = policy_run._prepare(config, plan, device, info)
+with Store(a["db"]) as store:
+    policy_run._reference(config, model, tokenizer, data, store, device, info)
 print(json.dumps(data.stats))
 '''
 
 
-def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None) -> tuple[str, float]:
-    """(stdout, peak RSS in MB) of one Python child `[python, script or -m module, args...]`, as
-    bench/peak_rss.py reads it (that module says why not ru_maxrss)."""
-    out_path, err_path, peak_path = (work / f"{name}.{ext}" for ext in ("out", "err", "peak"))
-    peak_path.unlink(missing_ok=True)
-    launch = [cmd[0], str(ROOT / "bench" / "peak_rss.py"), str(peak_path), *cmd[1:]]
-    with open(out_path, "w") as out, open(err_path, "w") as err:
-        code = subprocess.run(launch, stdout=out, stderr=err, cwd=work,
-                              env={**os.environ, **(env or {})}).returncode
-    if code != 0:
-        raise SystemExit(f"{name} failed:\n{err_path.read_text()[-4000:]}")
-    return out_path.read_text(), float(peak_path.read_text())
-
-
 def build_policy(rows: list[dict], folder: Path) -> int:
     """The tiny causal LM, without a chat template so both sides render `prompt\\n\\nresponse`."""
-    from rm.model import build_tiny_causal_lm, count_parameters
-    from rm.po_train import load_causal_lm
+    from rm.model import build_tiny_causal_lm, count_parameters, load_causal_lm
 
     texts = [t for r in rows for t in (r["prompt"], r["chosen"], r["rejected"])]
     build_tiny_causal_lm(folder, texts, hidden=256, layers=4, vocab_size=1024)
@@ -136,16 +127,15 @@ def run_ours(args, work: Path, folder: Path, rows: list[dict]) -> dict:
         out, rss = run_measured(train + shape + ["--out", str(work / name)], work, name, env)
         runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
     (work / "our_floor.py").write_text(OUR_FLOOR_SCRIPT)
-    floor = [sys.executable, str(work / "our_floor.py"), *train[3:], *micro,
-             "--snapshot", runs["first"]["snapshot_id"]]  # train[3:]: the CLI's arguments
+    spec = {"db": str(db), "snapshot": runs["first"]["snapshot_id"], "model": str(folder),
+            "max_length": args.max_length, "batch_size": args.micro_batch, "beta": args.beta}
+    floor = [sys.executable, str(work / "our_floor.py"), json.dumps(spec)]
     out, runs["floor_rss_mb"] = run_measured(floor, work, "our_floor", env)
     assert json.loads(out)["ref_computed"] == 0, "the floor probe must find the cache filled"
     return runs
 
 
 def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
-    from train_vs_trl import ensure_trl_venv
-
     python = ensure_trl_venv()
     data = work / "trl_dpo.jsonl"
     # the text our encoder renders without a chat template: prompt, blank line, response, eos
@@ -154,7 +144,7 @@ def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
     (work / "trl_dpo.py").write_text(TRL_DPO_SCRIPT)
     spec = {"model": str(folder), "train": str(data), "out": str(work / "trl-dpo-out"),
             "batch": args.batch, "steps": args.steps, "lr": args.lr,
-            "warmup_steps": int(args.warmup * args.steps),  # as rm/train.py rounds it
+            "warmup_steps": int(args.warmup * args.steps),  # as rm/loop.py rounds it
             "max_length": args.max_length, "threads": args.threads, "beta": args.beta}
     out, rss = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps(spec)], work, "trl_dpo")
     _, floor = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps({**spec, "floor": True})],
@@ -164,7 +154,7 @@ def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
 
 def run(args, work: Path, rows: list[dict]) -> dict:
     """The DPO figures, as keys of the shared JSON line."""
-    from rm.po_train import micro_split
+    from rm.policy_run import micro_split
 
     work.mkdir(parents=True, exist_ok=True)
     folder = work / "policy"
@@ -210,8 +200,6 @@ def run(args, work: Path, rows: list[dict]) -> dict:
 
 
 def main() -> None:
-    from train_vs_trl import WORK, synthetic_pairs
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
     args = parser.parse_args()

@@ -45,7 +45,6 @@ import gzip
 import json
 import os
 import resource
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,6 +55,7 @@ from starlette.requests import Request  # the naive server's handler annotation,
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
 
 CLIENTS = 64
 CUT = 300
@@ -78,12 +78,6 @@ def hh_items(limit: int = 1000) -> list[tuple[str, str]]:
             if len(items) >= limit:
                 break
     return items
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # --- load generator --------------------------------------------------------------------------

@@ -16,19 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-WORK = ROOT / "bench" / "out" / "train_vs_trl"
-GOOD = ("correct", "clear", "helpful", "precise", "accurate", "careful")
-BAD = ("wrong", "vague", "useless", "sloppy", "garbled", "careless")
-FILLER = ("the", "answer", "is", "we", "check", "each", "step", "and", "then", "result", "value",
-          "because", "first", "method", "data", "so")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.common import WORK, ensure_trl_venv, synthetic_pairs  # noqa: E402
 
 TRL_SCRIPT = r'''
 import json, sys, time
@@ -56,31 +50,6 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 '''
 
 
-def _answer(rng: random.Random, words: int, good_share: float) -> str:
-    """Filler text where 30% of words carry quality: good with probability `good_share`."""
-    return " ".join(rng.choice(GOOD if rng.random() < good_share else BAD)
-                    if rng.random() < 0.3 else rng.choice(FILLER) for _ in range(words))
-
-
-def synthetic_pairs(n: int, seed: int) -> list[dict]:
-    """Pairs whose chosen answer has more good words than bad; lengths spread widely."""
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        words = rng.randint(20, 190)
-        prompt = f"question {i}: " + " ".join(rng.choice(FILLER) for _ in range(rng.randint(4, 20)))
-        rows.append({"prompt": prompt, "chosen": _answer(rng, words, 0.8),
-                     "rejected": _answer(rng, words, 0.2)})
-    return rows
-
-
-def ensure_trl_venv() -> Path:
-    """The tests' cached TRL venv (tests/cached_venv.py): built once, about 2 minutes."""
-    from tests.cached_venv import trl_venv
-
-    return trl_venv()
-
-
 def build_model(rows: list[dict], folder: Path) -> int:
     from rm.model import build_tiny_reward_model, count_parameters, load_backbone
 
@@ -95,9 +64,9 @@ def run_ours(args, folder: Path, train_rows: list[dict], val_rows: list[dict]) -
 
     from rm import data
     from rm.evaluate import accuracy
+    from rm.loop import TrainConfig, train_loop
     from rm.model import RewardModel, RewardNet, load_backbone
-    from rm.rm_train import bt_objective
-    from rm.train import TrainConfig, train_loop
+    from rm.objectives import bt_objective
 
     torch.manual_seed(0)
     hf, tok = load_backbone(str(folder))
@@ -145,8 +114,7 @@ def run_trl(args, folder: Path, train_rows: list[dict], val_rows: list[dict]) ->
 
 
 def main() -> None:
-    import dpo_vs_trl
-
+    from bench import dpo_vs_trl
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=32)

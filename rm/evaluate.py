@@ -1,4 +1,5 @@
-"""`bradley eval MODEL [--data FILE]`: how well a reward model orders pairs, and warning signs.
+"""How well a reward model orders pairs, and warning signs (`bradley eval MODEL [--data FILE]`, whose
+edge in service/cli_train.py resolves the model and reads the snapshot).
 
 Statistics (pure functions on arrays of chosen and rejected rewards r_c, r_r):
 * accuracy: share of pairs with r_c > r_r (equal rewards count ½); pairs whose vote share p̂ is
@@ -191,38 +192,8 @@ def evaluate_rows(model, rows: list[dict], batch_size: int = 16) -> dict:
                      [len(r["chosen"]) for r in rows], [len(r["rejected"]) for r in rows])
 
 
-def _resolve_model(args) -> tuple[str, dict]:
-    """(folder, train_config) for a model folder or a model id in the store."""
-    from rm.model import TRAIN_CONFIG, read_json
-
-    if Path(args.model).is_dir():
-        return args.model, read_json(Path(args.model) / TRAIN_CONFIG)
-    from annotation.store import Store
-
-    with Store(args.db, read_only=True) as store:
-        row = store.model(args.model)
-    return row["path"], {**read_json(Path(row["path"]) / TRAIN_CONFIG), **(row.get("config") or {})}
-
-
-def validation_rows(db: str, config: dict) -> list[dict]:
-    """The pairs of the model's snapshot that training held out (same prompt-hash split)."""
-    from annotation.store import Store
+def validation_split(rows: list[dict], val_fraction: float) -> list[dict]:
+    """The pairs of a snapshot that training held out (the same prompt-hash split, rm/data.py)."""
     from rm.data import split_of
 
-    if not config.get("snapshot_id"):
-        raise ValueError("the model records no snapshot to take a validation split from; "
-                         "pass --data FILE")
-    with Store(db, read_only=True) as store:
-        rows = store.pairs(config["snapshot_id"]).to_pylist()
-    fraction = config.get("val_fraction", 0.1)
-    return [{**r, "subset": "validation"} for r in rows if split_of(r["prompt_id"], fraction) == "val"]
-
-
-def run_from_args(args) -> dict:
-    from rm.model import RewardModel
-
-    folder, config = _resolve_model(args)
-    rows = load_pairs_file(args.data) if args.data else validation_rows(args.db, config)
-    model = RewardModel.load(folder, device=args.device)
-    return {"model_id": model.model_id, "path": str(folder), "data": args.data or "validation",
-            **evaluate_rows(model, rows, args.batch_size)}
+    return [{**r, "subset": "validation"} for r in rows if split_of(r["prompt_id"], val_fraction) == "val"]

@@ -11,7 +11,7 @@ frozen reference model. With the log-ratios ρ = log π_θ(y) − log π_ref(y) 
 Δ = ρ_w − ρ_l.
 
 `LOSSES` maps a name to its function: `bt`, `soft`, `center` for reward models, `dpo`, `ipo`,
-`kto`, `simpo`, `orpo` for policies (their arguments differ; rm/policy.py adapts each).
+`kto`, `simpo`, `orpo` for policies (their arguments differ; rm/objectives.py adapts each).
 
     >>> import torch
     >>> sorted(LOSSES)
@@ -153,7 +153,7 @@ def kto_reference_point(kl_logps: torch.Tensor, ref_kl_logps: torch.Tensor) -> t
 
     The pairs (x, y') are mismatched: a prompt with another example's completion, an estimate of
     KL(π_θ ‖ π_ref) (Ethayarajh et al. 2024, eq. 8; TRL's KTOTrainer). An empty batch gives 0, and
-    each example brings its own mismatched pair (rm/policy.py pairs it across the data set), so a
+    each example brings its own mismatched pair (rm/po_data.py pairs it across the data set), so a
     batch of one still has an estimate.
 
     >>> import torch

@@ -20,6 +20,7 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -207,6 +208,22 @@ def load_backbone(name_or_path: str):
     return hf_model, tokenizer
 
 
+def load_causal_lm(name_or_path: str):
+    """(AutoModelForCausalLM, tokenizer) from a folder or hub id; safetensors only, pad = eos if unset."""
+    import_modeling()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, use_safetensors=True)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot load base model {name_or_path!r} as a causal LM: {exc}. Use a local "
+                         "folder, `--base-model tiny`, or `bradley models prepare smollm2`") from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
 def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) -> Path:
     from transformers.utils import logging
 
@@ -218,6 +235,40 @@ def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) 
     (out / TRAIN_CONFIG).write_text(json.dumps(train_config, indent=2, default=str))
     (out / METRICS).write_text(json.dumps(metrics, indent=2, default=str))
     return out
+
+
+def weights_sha256(folder) -> str:
+    """sha256 over a model folder's safetensors files (names and bytes, in name order): what a
+    registered model id promises. Written into metrics.json and the store's row at training.
+
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp()); _ = (d / "model.safetensors").write_bytes(b"abc")
+    >>> weights_sha256(d)[:12]
+    '454ca76ef900'
+    """
+    digest = hashlib.sha256()
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} holds no *.safetensors weights; pass a folder written by "
+                         "`bradley train` or `bradley models prepare`")
+    for path in files:
+        digest.update(path.name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def check_weights(folder, expected: str | None, model_id: str) -> None:
+    """Refuse a folder whose weights are not the ones registered under `model_id` (None: a model
+    registered before hashes were recorded, not checked)."""
+    if expected is None:
+        return
+    found = weights_sha256(folder)
+    if found != expected:
+        raise ValueError(f"model {model_id}: the weights in {folder} (sha256 {found[:12]}) are not "
+                         f"the ones registered (sha256 {expected[:12]}); the folder was overwritten "
+                         "by another run. Serve that run's model id, or retrain")
 
 
 def read_json(path: Path) -> dict:

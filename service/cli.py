@@ -1,7 +1,8 @@
 """`bradley` command line: argparse in front of the library; errors are translated here, once.
 
 Each subcommand is a pair: `_add_<name>(subparsers)` declares its arguments, `cmd_<name>(args)` calls
-the library and prints. Heavy imports (torch, transformers) happen inside the command that needs them,
+the library and prints; larger ones live in a module of their own (service/cli_train.py: `train`,
+`eval`) and are only registered in COMMANDS here. Heavy imports (torch, transformers) happen inside the command that needs them,
 so `bradley --help` stays fast.
 """
 
@@ -13,7 +14,11 @@ import os
 import sys
 from collections.abc import Callable
 
-from service import cli_label_studio, cli_snapshots  # subcommands in modules of their own
+from service import (  # subcommands in modules of their own
+    cli_label_studio,
+    cli_snapshots,
+    cli_train,
+)
 
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
@@ -140,75 +145,6 @@ def cmd_report(args) -> int:
                       json_out=args.json, fail_on=args.fail_on)
 
 
-# --- training and evaluation ------------------------------------------------------------------
-
-
-def _add_train(sub) -> None:
-    p = sub.add_parser("train", help="train a reward model (rm) or a policy (po)")
-    kinds = p.add_subparsers(dest="kind", required=True)
-    rm = kinds.add_parser("rm", help="Bradley-Terry reward model")
-    po = kinds.add_parser("po", help="preference optimization: dpo, ipo, kto, simpo, orpo")
-    po.add_argument("--loss", required=True, choices=["dpo", "ipo", "kto", "simpo", "orpo"])
-    for q in (rm, po):
-        q.add_argument("--base-model", default="tiny", help="HF id, local folder, or 'tiny'")
-        q.add_argument("--out", default=None, help="output folder (default models/<id>)")
-        q.add_argument("--snapshot", default=None)
-        q.add_argument("--raters", default=None)
-        q.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-        q.add_argument("--epochs", type=float, default=1.0)
-        q.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps")
-        q.add_argument("--batch-size", type=int, default=8)
-        q.add_argument("--grad-accum", type=int, default=1)
-        q.add_argument("--lr", type=float, default=None)
-        q.add_argument("--max-length", type=int, default=512)
-        q.add_argument("--seed", type=int, default=0)
-        q.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
-        q.add_argument("--val-fraction", type=float, default=0.1,
-                       help="share of prompts held out for validation (split by prompt hash)")
-        q.add_argument("--eval-every", type=int, default=None, help="optimizer steps between evals")
-        q.add_argument("--patience", type=int, default=3,
-                       help="evaluations without a better validation loss before stopping early")
-        q.add_argument("--warmup-ratio", type=float, default=0.1)
-        q.add_argument("--gradient-checkpointing", type=int, nargs="?", const=1, default=0, metavar="N",
-                       help="recompute layer activations in the backward pass (every N-th layer; "
-                            "default every layer): less memory, about one more forward per step")
-    rm.add_argument("--soft-labels", action="store_true", help="train on vote shares p̂, not majorities")
-    rm.add_argument("--margin", action="store_true", help="use judgment strength as a BT margin")
-    rm.add_argument("--center", type=float, default=0.0, help="reward-centering coefficient λ")
-    po.add_argument("--beta", type=float, default=0.1)
-    po.add_argument("--gamma", type=float, default=0.5, help="SimPO target margin")
-    po.add_argument("--lambda", dest="lam", type=float, default=0.1, help="ORPO odds-ratio weight")
-    po.add_argument("--label-smoothing", type=float, default=0.0,
-                    help="DPO: assumed share of flipped labels (conservative DPO)")
-    po.add_argument("--robust", action="store_true", help="DPO: unbiased robust variant of the smoothing")
-    po.add_argument("--desirable-weight", type=float, default=1.0, help="KTO weight λ_D")
-    po.add_argument("--undesirable-weight", type=float, default=1.0, help="KTO weight λ_U")
-
-
-def cmd_train(args) -> int:
-    from rm import train
-
-    metrics = train.run_from_args(args)
-    if metrics is not None:  # None on non-zero ranks under torchrun
-        _print_json(metrics)
-    return 0
-
-
-def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="accuracy, calibration and length correlation of a reward model")
-    p.add_argument("model", metavar="MODEL", help="model id in the store or a model folder")
-    p.add_argument("--data", default=None, help="prompt/chosen/rejected rows or LLMBar JSON")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=16)
-
-
-def cmd_eval(args) -> int:
-    from rm import evaluate
-
-    _print_json(evaluate.run_from_args(args))
-    return 0
-
-
 # --- serving and the rest ---------------------------------------------------------------------
 
 
@@ -278,8 +214,8 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "export": (_add_export, cmd_export),
     "simulate": (_add_simulate, cmd_simulate),
     "report": (_add_report, cmd_report),
-    "train": (_add_train, cmd_train),
-    "eval": (_add_eval, cmd_eval),
+    "train": (cli_train.add, cli_train.run),
+    "eval": (cli_train.add_eval, cli_train.run_eval),
     "label": (_add_label, cmd_label),
     "label-studio": (cli_label_studio.add, cli_label_studio.run),
     "serve": (_add_serve, cmd_serve),

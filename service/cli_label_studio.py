@@ -34,7 +34,7 @@ def add(sub) -> None:
                       choices=["uncertain", "disagreement", "coverage", "random"])
     push.add_argument("--model", default=None, help="reward model (store id or folder) for uncertain")
     push.add_argument("--limit", type=int, default=100, help="pairs to send at most")
-    push.add_argument("--seed", type=int, default=0)
+    push.add_argument("--seed", type=int, default=0, help="seed of the random selection and left/right draws")
     pull.add_argument("--on-error", default="abort", choices=["abort", "skip"],
                       help="abort: one invalid annotation writes nothing; skip: store it in rejects")
     pull.add_argument("--full", action="store_true", help="re-read every task, not only updated ones")

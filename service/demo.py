@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from annotation.simulate import BAD_WORDS, GOOD_WORDS
 from service import cli
+from service.ports import free_port
 
 # The demo's reward model learns the simulator's signal: quality shows as the share of good words
 # (clear, tested, correct…) against bad ones (vague, sloppy, garbled…), and each bad word has the
@@ -42,12 +42,6 @@ def _bradley(db: str, *argv: str) -> None:
         raise SystemExit(f"demo step `bradley {' '.join(argv)}` failed with exit code {status}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _latest_model(db: str, kind: str) -> dict:
     from annotation.store import Store
 
@@ -61,7 +55,7 @@ def _latest_model(db: str, kind: str) -> dict:
 def _serve_and_score(db: str, model_id: str) -> None:
     from service.client import ScoreClient
 
-    port = _free_port()
+    port = free_port()
     server = subprocess.Popen([sys.executable, "-m", "service.cli", "--db", db, "serve",
                                "--port", str(port), "--model", model_id], env=os.environ.copy())
     try:
@@ -95,14 +89,15 @@ def run(workdir: str = "demo", db: str | None = None, seed: int = 0) -> int:
     _bradley(db, "report", "--html", str(work / "report.html"), "--json", str(work / "report.json"))
     print(f"HTML report: {work / 'report.html'}")
     _step("4. train a small Bradley-Terry reward model")
+    # --overwrite: a second demo in the same folder replaces (and retires) the first demo's models
     _bradley(db, "train", "rm", "--base-model", "tiny", "--epochs", "3",
-             "--out", str(work / "rm-tiny"))
+             "--out", str(work / "rm-tiny"), "--overwrite")
     model = _latest_model(db, "rm")
     _step("5. evaluate it")
     _bradley(db, "eval", model["id"])
     _step("6. a short DPO run on a tiny policy (watch the margin rise)")
     _bradley(db, "train", "po", "--loss", "dpo", "--base-model", "tiny", "--steps", "30",
-             "--out", str(work / "dpo-tiny"))
+             "--out", str(work / "dpo-tiny"), "--overwrite")
     policy = _latest_model(db, "dpo")["metrics"]
     # Per-step margins are single batches of 8 and noisy; the held-out split shows the trend.
     print(f"DPO on held-out pairs: margin 0.000 at step 1 (policy = reference) → "

@@ -22,6 +22,7 @@ from service.advantages import PassRates
 from service.batcher import Batcher
 from service.metrics import Metrics
 from service.payloads import Limits, PayloadError, text_chars
+from service.registry import check_row
 from service.rewards import weights_setting
 from service.settings import Settings, plugins_setting
 
@@ -152,7 +153,7 @@ class Service:
             row = self.call_store(self.store.model, ref)
         except ValueError as exc:
             raise NotFound(str(exc)) from None
-        return row["id"], row["path"]
+        return row["id"], check_row(row)  # a retired id or changed weights: refused
 
     def _install(self, loaded: LoadedModel) -> None:
         device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")

@@ -39,7 +39,8 @@ class Settings(BaseSettings):
     read_only: bool = False
     max_batch_tokens: int = Field(16384, ge=1)   # padded tokens per forward (rows x longest row)
     max_batch_items: int = Field(256, ge=1)
-    # padded tokens allowed per real token in one forward; unset: 0 on CPU, 1.0 on GPU
+    # padded tokens allowed per real token in one forward; unset: 0.1 on CPU, 1.0 on GPU
+    # (service/runtime.py: AUTO_PADDING, where the measurements behind them are)
     max_padding: float | None = Field(None, ge=0)
     max_wait_ms: float = Field(3.0, ge=0, le=10_000)
     max_queue_items: int = Field(50_000, ge=1)   # beyond this, /score answers 503 (retry later)

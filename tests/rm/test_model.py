@@ -146,7 +146,7 @@ def test_tiny_causal_lm_builds_and_reloads(tmp_path):
     assert logits.shape[:2] == (1, 3) and logits.shape[-1] == model.config.vocab_size
 
 
-@pytest.mark.parametrize("loader", ["rm.po_train:load_causal_lm", "rm.model:load_backbone"])
+@pytest.mark.parametrize("loader", ["rm.model:load_causal_lm", "rm.model:load_backbone"])
 def test_loading_a_model_leaves_scipy_out_of_the_process(tmp_path, loader):
     """transformers' modeling import would bring scipy.optimize (33 MB resident) into every
     training and scoring process (rm/model.py: import_modeling); our own scipy imports still work."""

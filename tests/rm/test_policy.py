@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from rm import po_data, po_train, policy
+import rm.logps as seqlogps
+from rm import objectives, po_data, policy_run
 from rm.model import build_tiny_causal_lm
 from rm.tokenizer import build_bpe_tokenizer
 
@@ -40,17 +41,17 @@ def test_three_token_answer_is_ln_point_one_and_prompt_padding_do_not_count():
     short = po_data.Encoded((1, 5, 2, 3, 4), start=2)
     long_prompt = po_data.Encoded((1, 7, 6, 6, 7, 5, 2, 3, 4), start=6)
     batch = po_data.collate([short, long_prompt], pad_id=PAD)  # short gets 4 pad tokens
-    logps, n = policy.forward_logps(model, batch)
+    logps, n = seqlogps.forward_logps(model, batch)
     assert logps.tolist() == pytest.approx([math.log(0.1)] * 2, abs=1e-5)
     assert round(logps[0].item(), 3) == -2.303
     assert n.tolist() == [3, 3]
     assert batch["logits_to_keep"] == 9 - 2 + 1  # from the position before the earliest answer
     # the same values from full logits: skipping the prompt's logits changes nothing
-    full = policy.forward_logps(model, {**batch, "logits_to_keep": 0})
+    full = seqlogps.forward_logps(model, {**batch, "logits_to_keep": 0})
     assert full[0].tolist() == pytest.approx(logps.tolist(), abs=1e-6)
     # the same answer with a 1-token prompt: only the first token is prompt (it has no prediction)
     alone = po_data.collate([po_data.Encoded((5, 2, 3, 4), start=1)], pad_id=PAD)
-    assert policy.forward_logps(model, alone)[0].item() == pytest.approx(math.log(0.1), abs=1e-5)
+    assert seqlogps.forward_logps(model, alone)[0].item() == pytest.approx(math.log(0.1), abs=1e-5)
 
 
 def test_shift_by_one_reads_the_previous_position():
@@ -59,7 +60,7 @@ def test_shift_by_one_reads_the_previous_position():
     model = BigramLM()
     batch = po_data.collate([po_data.Encoded((5, 2, 3, 4), start=1)], pad_id=PAD)
     wrong = torch.log_softmax(model.table, -1)[torch.tensor([2, 3, 4]), torch.tensor([2, 3, 4])].sum()
-    assert abs(policy.forward_logps(model, batch)[0].item() - wrong.item()) > 1.0
+    assert abs(seqlogps.forward_logps(model, batch)[0].item() - wrong.item()) > 1.0
 
 
 TEXTS = ["the cat sat on the mat", "a dog ran in the park", "hello there, how are you today?"] * 8
@@ -113,29 +114,29 @@ def test_reference_cache_is_hit_on_the_second_run(store, tiny_lm):
     calls = []
     hook = model.register_forward_hook(lambda *a: calls.append(1))
     try:
-        kw = dict(store=store, model_hash=policy.weights_hash(model),
+        kw = dict(cache=store, model_hash=seqlogps.weights_hash(model),
                   template=po_data.template_hash(tok, 64), max_tokens=4 * 64)
-        first, computed = policy.reference_logps(model, data.sequences, tok.pad_token_id, **kw)
+        first, computed = seqlogps.reference_logps(model, data.sequences, tok.pad_token_id, **kw)
         n_first = len(calls)
-        second, computed_again = policy.reference_logps(model, data.sequences, tok.pad_token_id, **kw)
+        second, computed_again = seqlogps.reference_logps(model, data.sequences, tok.pad_token_id, **kw)
     finally:
         hook.remove()
     assert computed == 12 and 1 < n_first < 12  # 12 sequences, several to a forward
     assert computed_again == 0 and len(calls) == n_first  # no forward pass on the second run
     assert second == first
     # another template (here: max_length) is another cache entry
-    _, computed_other = policy.reference_logps(model, data.sequences, tok.pad_token_id, store=store,
+    _, computed_other = seqlogps.reference_logps(model, data.sequences, tok.pad_token_id, cache=store,
                                                model_hash=kw["model_hash"], template="other")
     assert computed_other == 12
 
 
 def test_weights_hash_changes_with_the_weights(tiny_lm):
     model, _ = tiny_lm
-    before = policy.weights_hash(model)
+    before = seqlogps.weights_hash(model)
     with torch.no_grad():
         model.lm_head.weight[0, 0] += 1.0
     try:
-        assert policy.weights_hash(model) != before
+        assert seqlogps.weights_hash(model) != before
     finally:
         with torch.no_grad():
             model.lm_head.weight[0, 0] -= 1.0
@@ -149,10 +150,10 @@ def test_objective_at_policy_equal_reference(tiny_lm, loss, expected):
         data = po_data.kto_data([], _pairs(), tok, max_length=64)
     else:
         data = po_data.pair_data(_pairs(), tok, max_length=64)
-    ref, _ = policy.reference_logps(model, data.sequences, tok.pad_token_id, max_tokens=100)
+    ref, _ = seqlogps.reference_logps(model, data.sequences, tok.pad_token_id, max_tokens=100)
     idx = po_data.batches(data, range(len(data.examples)), batch_size=4)[0]
     batch = po_data.collate_examples(data, ref, idx, tok.pad_token_id)
-    value, metrics = policy.po_objective(policy.PoConfig(loss=loss, beta=0.1))(model, batch)
+    value, metrics = objectives.po_objective(objectives.PoConfig(loss=loss, beta=0.1))(model, batch)
     assert value.item() == pytest.approx(expected, abs=1e-4)
     assert metrics["kl"] == pytest.approx(0.0, abs=1e-6)
     assert metrics["margin"] == pytest.approx(0.0, abs=1e-5)
@@ -161,10 +162,10 @@ def test_objective_at_policy_equal_reference(tiny_lm, loss, expected):
 def test_kto_batch_of_one_has_its_mismatched_pair(tiny_lm):
     model, tok = tiny_lm
     data = po_data.kto_data([], _pairs(2), tok, max_length=64)
-    ref, _ = policy.reference_logps(model, data.sequences, tok.pad_token_id)
+    ref, _ = seqlogps.reference_logps(model, data.sequences, tok.pad_token_id)
     batch = po_data.collate_examples(data, ref, [0], tok.pad_token_id)
     assert batch["input_ids"].shape[0] == 2  # the completion and its (other prompt, completion)
-    value, _ = policy.po_objective(policy.PoConfig(loss="kto"))(model, batch)
+    value, _ = objectives.po_objective(objectives.PoConfig(loss="kto"))(model, batch)
     assert math.isfinite(value.item())
 
 
@@ -186,7 +187,7 @@ def test_ties_are_skipped_and_an_all_tie_snapshot_is_an_error(tiny_lm):
 
 def test_unknown_loss_is_a_clear_error():
     with pytest.raises(ValueError, match="dpo, ipo, kto, simpo, orpo"):
-        policy.po_objective(policy.PoConfig(loss="bt"))
+        objectives.po_objective(objectives.PoConfig(loss="bt"))
 
 
 def test_step_log_warns_once_when_chosen_logp_falls_while_margin_grows():
@@ -199,7 +200,7 @@ def test_step_log_warns_once_when_chosen_logp_falls_while_margin_grows():
         return torch.tensor(0.5), {"loss": 0.5, "logp_chosen": -1.0 - 0.1 * i, "margin": 0.1 * i}
 
     stream = io.StringIO()
-    log = po_train.StepLog(objective, stream=stream)
+    log = policy_run.StepLog(objective, stream=stream)
     for _ in range(20):
         log(None, {})
     with torch.no_grad():  # validation calls are not steps
@@ -217,7 +218,7 @@ def test_step_log_averages_the_micro_batches_of_one_optimizer_step():
         value = next(losses)
         return torch.tensor(value), {"loss": value, "logp_chosen": -1.0, "margin": 0.0}
 
-    log = po_train.StepLog(objective, accum=2, stream=io.StringIO())
+    log = policy_run.StepLog(objective, accum=2, stream=io.StringIO())
     for _ in range(4):
         log(None, {})
     assert [s["loss"] for s in log.steps] == [2.0, 6.0]

@@ -12,9 +12,9 @@ import torch
 from annotation.ids import content_id, prompt_id, response_id
 from annotation.store import Store
 from rm import data
+from rm.loop import TrainConfig, enable_checkpointing, lr_factor, train_loop
 from rm.model import RewardNet, build_tiny_causal_lm, build_tiny_reward_model, load_backbone
-from rm.rm_train import bt_objective
-from rm.train import TrainConfig, enable_checkpointing, lr_factor, train_loop
+from rm.objectives import bt_objective
 from service import cli
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,10 +10,15 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import rm.logps as seqlogps
 from annotation.ids import content_id, prompt_id, response_id
 from annotation.store import Store
-from rm import po_train, policy
-from service.cli import build_parser, main
+from rm import policy_run
+from rm.loop import TrainConfig
+from rm.objectives import PoConfig
+from rm.policy_run import PolicyRunConfig
+from rm.run import RunInputs
+from service.cli import main
 
 N_PAIRS = 8
 HH = "hh-rlhf/harmless-base-test.jsonl.gz"
@@ -68,39 +73,29 @@ def filled(store, hh_triples):
     return store
 
 
-def po_args(tmp_path, loss, *extra):
-    return build_parser().parse_args(
-        ["--db", str(tmp_path / "unused.duckdb"), "train", "po", "--loss", loss, "--base-model", "tiny",
-         "--steps", "6", "--batch-size", str(N_PAIRS), "--max-length", "96", "--lr", "3e-3",
-         "--out", str(tmp_path / f"out-{loss}"), *extra])
+def po_config(tmp_path, loss, val_fraction=0.1, gradient_checkpointing=0) -> PolicyRunConfig:
+    """The run the CLI builds for `train po --loss LOSS --steps 6 --batch-size 8 --max-length 96
+    --lr 3e-3`, built directly."""
+    loop = TrainConfig(steps=6, batch_size=N_PAIRS, lr=3e-3,
+                       gradient_checkpointing=gradient_checkpointing)
+    return PolicyRunConfig(base_model="tiny", out=str(tmp_path / f"out-{loss}"), max_length=96,
+                           val_fraction=val_fraction, train=loop, objective=PoConfig(loss=loss))
 
 
-def run(args, store, monkeypatch):
-    # run_po opens args.db itself; hand it the test's open store instead (one DuckDB writer)
-    monkeypatch.setattr(po_train, "_open_store", lambda path: _Borrowed(store))
-    return policy.run_po(args)
-
-
-class _Borrowed:
-    def __init__(self, store):
-        self.store = store
-
-    def __getattr__(self, name):
-        return getattr(self.store, name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        pass
+def run(config, store):
+    """A snapshot of the test's open store handed to the run, which keeps reference log-probs in it."""
+    snapshot_id = store.create_snapshot()
+    inputs = RunInputs(pairs=store.pairs(snapshot_id), feedback=store.feedback(snapshot_id),
+                       snapshot_id=snapshot_id)
+    return policy_run.train_policy(config, inputs, ref_cache=store)
 
 
 FIRST = {"dpo": math.log(2), "ipo": 1 / (4 * 0.1**2), "kto": 0.5}
 
 
 @pytest.mark.parametrize("loss", ["dpo", "ipo", "kto", "simpo", "orpo"])
-def test_each_loss_lowers_its_objective(filled, tmp_path, monkeypatch, loss):
-    metrics = run(po_args(tmp_path, loss), filled, monkeypatch)
+def test_each_loss_lowers_its_objective(filled, tmp_path, loss):
+    metrics = run(po_config(tmp_path, loss), filled)
     # one batch holds the whole training split, so first and final losses are on the same pairs
     assert metrics["final_loss"] < metrics["first_loss"]
     if loss in FIRST:
@@ -150,18 +145,18 @@ def test_bad_hyperparameters_exit_cleanly(tmp_path, capsys, flag, value):
     assert not list(tmp_path.glob("models*"))
 
 
-def test_empty_store_is_a_clear_error(store, tmp_path, monkeypatch):
+def test_empty_store_is_a_clear_error(store, tmp_path):
     with pytest.raises(ValueError, match="bradley ingest"):
-        run(po_args(tmp_path, "dpo"), store, monkeypatch)
+        run(po_config(tmp_path, "dpo"), store)
 
 
 def test_micro_batches_give_the_whole_batch_training(filled, tmp_path, monkeypatch):
     """Cutting each batch of pairs into equal micro-batches (a forward's token budget) accumulates
     the whole batch's gradient: the same losses and margins as one forward per batch."""
-    whole = run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
-    monkeypatch.setattr(po_train, "MICRO_BATCH_TOKENS", 2 * N_PAIRS * 96 // 4)
-    cut = run(po_args(tmp_path / "cut", "dpo", "--val-fraction", "0"), filled, monkeypatch)
-    assert po_train.micro_split(N_PAIRS, 96) == 4
+    whole = run(po_config(tmp_path, "dpo", val_fraction=0), filled)
+    monkeypatch.setattr(policy_run, "MICRO_BATCH_TOKENS", 2 * N_PAIRS * 96 // 4)
+    cut = run(po_config(tmp_path / "cut", "dpo", val_fraction=0), filled)
+    assert policy_run.micro_split(N_PAIRS, 96) == 4
     assert cut["first_loss"] == pytest.approx(math.log(2), abs=1e-4)
     for key in ("first_loss", "final_loss", "final_margin"):
         assert cut[key] == pytest.approx(whole[key], rel=1e-4, abs=1e-5)
@@ -173,18 +168,18 @@ def test_reference_pass_forwards_fit_one_training_forward(filled, tmp_path, monk
     run's peak memory is its training step's (it was 4096 tokens, whatever the micro-batch)."""
     import torch
 
-    monkeypatch.setattr(po_train, "MICRO_BATCH_TOKENS", 2 * N_PAIRS * 96 // 4)
+    monkeypatch.setattr(policy_run, "MICRO_BATCH_TOKENS", 2 * N_PAIRS * 96 // 4)
     sizes = {True: [], False: []}  # (rows, padded tokens) per forward: reference pass or training
-    forward = policy.forward_logps
+    forward = seqlogps.forward_logps
 
     def recording(model, batch):
         ids = batch["input_ids"]
         sizes[torch.is_inference_mode_enabled()].append((ids.size(0), ids.numel()))
         return forward(model, batch)
 
-    monkeypatch.setattr(policy, "forward_logps", recording)
-    run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
-    budget = po_train.forward_tokens(N_PAIRS, 96)
+    monkeypatch.setattr(seqlogps, "forward_logps", recording)
+    run(po_config(tmp_path, "dpo", val_fraction=0), filled)
+    budget = policy_run.forward_tokens(N_PAIRS, 96)
     assert budget == 2 * (N_PAIRS // 4) * 96
     assert sum(rows for rows, _ in sizes[True]) == 2 * N_PAIRS  # each sequence once
     assert max(n for _, n in sizes[True] + sizes[False]) <= budget
@@ -192,10 +187,12 @@ def test_reference_pass_forwards_fit_one_training_forward(filled, tmp_path, monk
 
 def test_gradient_checkpointing_trains_the_same_and_is_recorded(filled, tmp_path, monkeypatch):
     """Recomputing layer activations in the backward pass changes memory, not the arithmetic."""
-    plain = run(po_args(tmp_path, "dpo", "--val-fraction", "0"), filled, monkeypatch)
-    lean = run(po_args(tmp_path / "gc", "dpo", "--val-fraction", "0", "--gradient-checkpointing"),
-               filled, monkeypatch)
+    plain = run(po_config(tmp_path, "dpo", val_fraction=0), filled)
+    lean = run(po_config(tmp_path / "gc", "dpo", val_fraction=0, gradient_checkpointing=1), filled)
     for key in ("first_loss", "final_loss", "final_margin"):
         assert lean[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-5)
     record = json.loads((Path(lean["path"]) / "train_config.json").read_text())
     assert record["gradient_checkpointing"] == 1
+    again = PolicyRunConfig.from_record(record)  # the folder's record is the run's config
+    assert again.objective == PoConfig(loss="dpo") and again.train.gradient_checkpointing == 1
+    assert again.max_length == 96 and again.val_fraction == 0 and again.train.steps == 6

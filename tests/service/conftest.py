@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -14,16 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from service.ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"
 HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 SEP = "\n\nAssistant:"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session", autouse=True)

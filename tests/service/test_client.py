@@ -41,7 +41,6 @@ def test_client_errors_carry_status_and_field(live):
 
 
 def test_upload_with_key(live, shared_data):
-    pytest.importorskip("annotation.ingest")
     row = {"prompt": "Is the sky blue?", "response_a": "Yes, on a clear day.", "response_b": "No.",
            "winner": "a", "rater": "human:client-test"}
     with ScoreClient(live.url, api_key=API_KEY) as client:

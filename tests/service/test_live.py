@@ -134,7 +134,6 @@ def test_health_ready_models_metrics(http):
 
 
 def test_label_studio_webhooks_become_judgments(live, http, auth, shared_data):
-    pytest.importorskip("annotation.ingest")
     bodies = (shared_data / "label_studio" / "webhooks.jsonl").read_bytes().splitlines()
     assert http.post("/webhooks/label-studio", content=bodies[1]).status_code == 401
     before = _count(live, "judgments")
@@ -165,7 +164,6 @@ def _count(live, table):
 
 
 def test_uploads_during_scoring_load_lose_nothing(live, http, auth, shared_data, hh_items):
-    pytest.importorskip("annotation.ingest")
     records = _mtbench(shared_data, 400)
     before = _count(live, "judgments")
     stop, failures, scored = threading.Event(), [], [0]
@@ -195,7 +193,6 @@ def test_uploads_during_scoring_load_lose_nothing(live, http, auth, shared_data,
 
 
 def test_pairs_and_feedback_uploads_and_duplicates(live, http, auth, hh_items):
-    pytest.importorskip("annotation.ingest")
     pairs = [{"prompt": hh_items[i][0], "chosen": hh_items[i][1], "rejected": hh_items[i + 1][1]}
              for i in range(0, 20, 2)]
     jsonl = "\n".join(json.dumps(p) for p in pairs).encode()
@@ -211,7 +208,6 @@ def test_pairs_and_feedback_uploads_and_duplicates(live, http, auth, hh_items):
 
 
 def test_invalid_upload_writes_nothing_and_names_the_problem(live, http, auth):
-    pytest.importorskip("annotation.ingest")
     before = _count(live, "judgments")
     rows = [{"prompt": "p", "response_a": "x", "response_b": "y", "winner": "a", "rater": "human:1"},
             {"prompt": "p", "response_a": "x", "response_b": "z", "winner": "maybe", "rater": "human:1"}]
@@ -224,8 +220,6 @@ def test_invalid_upload_writes_nothing_and_names_the_problem(live, http, auth):
 
 
 def test_reports_json_and_html(http, auth):
-    pytest.importorskip("analysis.report")
-    pytest.importorskip("annotation.ingest")
     r = http.get("/reports/latest.json", headers=auth)
     assert r.status_code == 200 and isinstance(r.json(), dict)
     html = http.get("/reports/latest.html", headers=auth)

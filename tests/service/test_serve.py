@@ -14,7 +14,8 @@ import httpx
 
 from service import cli
 from service.client import ScoreClient
-from tests.service.conftest import ROOT, free_port, make_db
+from service.ports import free_port
+from tests.service.conftest import ROOT, make_db
 
 
 def _queued(url: str) -> float:

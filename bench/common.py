@@ -1,0 +1,58 @@
+"""What the benchmarks share: the synthetic pairs, TRL's venv, and measuring a child process.
+
+Imported as `bench.common` (each script puts the repository root on sys.path first), so the
+scripts never import one another by file name.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / "out" / "train_vs_trl"
+GOOD = ("correct", "clear", "helpful", "precise", "accurate", "careful")
+BAD = ("wrong", "vague", "useless", "sloppy", "garbled", "careless")
+FILLER = ("the", "answer", "is", "we", "check", "each", "step", "and", "then", "result", "value",
+          "because", "first", "method", "data", "so")
+
+
+def _answer(rng: random.Random, words: int, good_share: float) -> str:
+    """Filler text where 30% of words carry quality: good with probability `good_share`."""
+    return " ".join(rng.choice(GOOD if rng.random() < good_share else BAD)
+                    if rng.random() < 0.3 else rng.choice(FILLER) for _ in range(words))
+
+
+def synthetic_pairs(n: int, seed: int) -> list[dict]:
+    """Pairs whose chosen answer has more good words than bad; lengths spread widely."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        words = rng.randint(20, 190)
+        prompt = f"question {i}: " + " ".join(rng.choice(FILLER) for _ in range(rng.randint(4, 20)))
+        rows.append({"prompt": prompt, "chosen": _answer(rng, words, 0.8),
+                     "rejected": _answer(rng, words, 0.2)})
+    return rows
+
+
+def ensure_trl_venv() -> Path:
+    """The tests' cached TRL venv (tests/cached_venv.py): built once, about 2 minutes."""
+    from tests.cached_venv import trl_venv
+
+    return trl_venv()
+
+
+def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None) -> tuple[str, float]:
+    """(stdout, peak RSS in MB) of one Python child `[python, script or -m module, args...]`, as
+    bench/peak_rss.py reads it (that module says why not ru_maxrss)."""
+    out_path, err_path, peak_path = (work / f"{name}.{ext}" for ext in ("out", "err", "peak"))
+    peak_path.unlink(missing_ok=True)
+    launch = [cmd[0], str(ROOT / "bench" / "peak_rss.py"), str(peak_path), *cmd[1:]]
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        code = subprocess.run(launch, stdout=out, stderr=err, cwd=work,
+                              env={**os.environ, **(env or {})}).returncode
+    if code != 0:
+        raise SystemExit(f"{name} failed:\n{err_path.read_text()[-4000:]}")
+    return out_path.read_text(), float(peak_path.read_text())
