@@ -38,6 +38,10 @@ naive one here (ratio_vs_per_request can only exceed it by the naive server's HT
 GPU a single-row forward leaves the device mostly idle and batching is where the gain is.
 
     nice -n 10 .venv/bin/python bench/score_load.py [--scale 1.0]
+
+`--model FOLDER --device cuda` benchmarks one given reward-model folder instead of the two built ones
+(bench/gpu/run.sh does this on a GPU with a 135M model); `--requests N` sets every phase to N
+requests and `--offline-seconds S` shortens the ceiling's timing (for smoke runs).
 """
 
 from __future__ import annotations
@@ -184,7 +188,7 @@ def naive_server(model_dir: str, port: int) -> None:
     from rm.model import RewardModel
 
     torch.set_num_threads(int(os.environ["BRADLEY_TORCH_THREADS"]))
-    model = RewardModel.load(model_dir, device="cpu")
+    model = RewardModel.load(model_dir, device=os.environ.get("BRADLEY_DEVICE", "cpu"))
     app = FastAPI()
 
     @app.post("/score")
@@ -224,13 +228,13 @@ def hello_server(port: int) -> None:
 
 
 def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
-                 seconds: float = 8.0) -> float:
+                 seconds: float = 8.0, device: str = "cpu") -> float:
     """Items/s of RewardModel.score_encoded on pre-tokenized items in globally length-sorted
     forwards of at most `rows` rows and `budget` padded tokens (rows=1: one forward per item)."""
     from rm.model import RewardModel
     from service.batcher import plan_forwards
 
-    model = RewardModel.load(model_dir, device="cpu")
+    model = RewardModel.load(model_dir, device=device)
     ids = model.encode([p for p, _ in items], [r for _, r in items])
     forwards = plan_forwards([len(x) for x in ids], budget, rows)
     model.score_encoded([ids[i] for i in forwards[0]])  # warm-up
@@ -293,21 +297,22 @@ def naive(folder: str, items: list, n: dict, env: dict) -> dict:
 def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     from rm.model import RewardModel, count_parameters
 
-    n = {k: max(CLIENTS, int(v * args.scale)) for k, v in requests.items()}
+    n = {k: args.requests or max(CLIENTS, int(v * args.scale)) for k, v in requests.items()}
     env = {"BRADLEY_MAX_BATCH_TOKENS": str(args.batch_tokens), "BRADLEY_LOG_LEVEL": "warning",
-           "BRADLEY_DEVICE": "cpu", "BRADLEY_TORCH_THREADS": str(args.torch_threads),
+           "BRADLEY_DEVICE": args.device, "BRADLEY_TORCH_THREADS": str(args.torch_threads),
            "OMP_NUM_THREADS": str(args.torch_threads)}
-    model = RewardModel.load(folder, device="cpu")
+    model = RewardModel.load(folder, device=args.device)
     out = {"parameters": count_parameters(model.net),
            "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1)}
-    before = offline_rate(folder, items, args.batch_tokens)
-    single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=4.0)
+    seconds, device = args.offline_seconds, args.device
+    before = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
+    single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=seconds / 2, device=device)
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
     if "overhead" in n:
         out["overhead"] = overhead(folder, n["overhead"], env)
     # other work on a shared machine moves every figure: the ceiling is the better of two
     # measurements taken around the served runs
-    after = offline_rate(folder, items, args.batch_tokens)
+    after = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
     out["ceiling_items_per_s"] = round(max(before, after), 1)
     out["ceiling_before_after"] = [round(before, 1), round(after, 1)]
     out["offline_single_items_per_s"] = round(single, 1)
@@ -319,13 +324,15 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
 
 
 def summary(results: dict, args) -> dict:
-    main_case = results["5m"]
+    name = "5m" if "5m" in results else next(iter(results))
+    main_case = results[name]
     extra = [p for r in results.values() if "overhead" in r
              for p in (r["overhead"]["one_token"], r["overhead"]["hello"])]
     phases = [p for r in results.values() for p in (r["single"], r["batch8"], r["naive"])] + extra
     served_phases = [p for r in results.values() for p in (r["single"], r["batch8"])]
     return {
-        "bench": "score_load", "clients": CLIENTS, "model": "5m", "request": "single-sample",
+        "bench": "score_load", "clients": CLIENTS, "model": name, "device": args.device,
+        "parameters": main_case["parameters"], "request": "single-sample",
         "items_per_s": main_case["single"]["items_per_s"], "p50_ms": main_case["single"]["p50_ms"],
         "p99_ms": main_case["single"]["p99_ms"], "ratio_vs_offline": main_case["ratio_vs_offline"],
         "ratio_vs_per_request": main_case["ratio_vs_per_request"],
@@ -339,7 +346,8 @@ def summary(results: dict, args) -> dict:
         "requests_total": sum(p["requests"] for p in phases), "errors": sum(p["errors"] for p in phases),
         "ceiling": f"offline RewardModel.score_encoded on pre-tokenized items, globally length-sorted "
                    f"forwards of <={args.batch_tokens} padded tokens, in the bench process with no server "
-                   "running; the better of two 8 s runs, before and after the served runs",
+                   f"running; the better of two {args.offline_seconds:g} s runs, before and after "
+                   "the served runs",
         "threads": f"{args.torch_threads} intra-op thread(s) for the ceiling, the naive server and "
                    "bradley serve alike (torch.set_num_threads, OMP_NUM_THREADS)",
         "torch_threads": args.torch_threads, "batch_tokens": args.batch_tokens, "scale": args.scale,
@@ -354,6 +362,13 @@ def main() -> None:
                         help="forward threads of both servers and the ceiling (default: every core "
                              "this process may use, what `bradley serve` takes on a CPU)")
     parser.add_argument("--batch-tokens", type=int, default=4096, help="BRADLEY_MAX_BATCH_TOKENS")
+    parser.add_argument("--model", default=None, metavar="FOLDER",
+                        help="bench this reward-model folder (named by its folder) instead of the "
+                             "two built ones")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda: servers and ceiling alike")
+    parser.add_argument("--requests", type=int, default=None, help="requests in every phase")
+    parser.add_argument("--offline-seconds", type=float, default=8.0,
+                        help="timing of each offline (ceiling) run")
     parser.add_argument("--naive", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--hello", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -367,6 +382,11 @@ def main() -> None:
 
     torch.set_num_threads(args.torch_threads)
     items = hh_items()
+    if args.model:
+        requests = MODELS["tiny"][1]   # the larger counts: a GPU serves faster than these CPUs
+        print(json.dumps(summary({Path(args.model).name: bench_model(args.model, items, requests,
+                                                                     args)}, args)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         results = {name: bench_model(str(build_tiny_reward_model(
             Path(tmp) / name, [p + " " + r for p, r in items], **shape)), items, requests, args)

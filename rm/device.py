@@ -141,3 +141,69 @@ def set_threads(device: torch.device, info: Dist, n_params: int | None = None) -
             threads = 1
         torch.set_num_threads(threads)
     return previous
+
+
+def shard(model: torch.nn.Module, device: torch.device, info: Dist) -> torch.nn.Module:
+    """FSDP2 (`fully_shard`, Zhao et al. 2023 "PyTorch FSDP"): every transformer block (the classes a
+    Hugging Face model names in `_no_split_modules`), then the rest, become units whose parameters,
+    gradients and optimizer state are split over the ranks and gathered one unit at a time in the
+    forward and backward, so a rank holds 1/world of the model plus one block. In place."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (info.world_size,))
+    blocks = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
+    for module in list(model.modules()):
+        if type(module).__name__ in blocks:
+            fully_shard(module, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def is_sharded(model: torch.nn.Module) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def gradient_sync(net: torch.nn.Module, sync: bool):
+    """A context in which backward passes reduce gradients over ranks only when `sync` (gradient
+    accumulation): DDP's no_sync, or FSDP2's requires_gradient_sync."""
+    if sync or not (dist.is_available() and dist.is_initialized()):
+        return contextlib.nullcontext()
+    if hasattr(net, "set_requires_gradient_sync"):
+        return _fsdp_no_sync(net)
+    return net.no_sync()
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(net):
+    net.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        net.set_requires_gradient_sync(True)
+
+
+def full_state_dict(module: torch.nn.Module) -> dict | None:
+    """`module`'s state as whole CPU tensors on every rank when its parameters are sharded (a
+    collective: every rank must call it, in the same order); None when they are not."""
+    from torch.distributed.tensor import DTensor
+
+    state = module.state_dict()
+    if not any(isinstance(v, DTensor) for v in state.values()):
+        return None
+    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().cpu()
+            for k, v in state.items()}
+
+
+def all_reduce_min(value: int, device: torch.device, info: Dist) -> int:
+    if not info.active:
+        return value
+    t = torch.tensor([value], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0

@@ -24,7 +24,6 @@ import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -36,7 +35,7 @@ EVALS_PER_RUN = 5
 FUSED_ADAMW = ("cpu", "cuda")  # devices with torch's fused AdamW kernel (torch >= 2.4)
 DEFAULT_LR = 1e-3
 # how the model is wrapped for the processes of a torchrun job: name -> wrap(model, device, info)
-WRAPPERS: dict[str, Callable] = {"ddp": devices.wrap}
+WRAPPERS: dict[str, Callable] = {"ddp": devices.wrap, "fsdp": devices.shard}
 
 
 @dataclass
@@ -147,6 +146,8 @@ class _Meter:
 def evaluate_loop(model, objective, batches: Sequence, collate: Callable, device, info) -> dict:
     """Mean validation metrics over this rank's batches, reduced over all ranks."""
     net = devices.unwrap(model)
+    if devices.is_sharded(net):  # every rank must run the same forwards: cut to the shortest share
+        batches = batches[:devices.all_reduce_min(len(batches), device, info)]
     was_training = net.training
     net.eval()
     meter = _Meter()
@@ -207,7 +208,7 @@ def train_loop(model: torch.nn.Module, objective: Callable, train_batches, val_b
     lr = DEFAULT_LR if config.lr is None else config.lr
     # one fused kernel instead of a loop over parameters: 5 ms instead of 19 ms a step at 4.5M
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay,
-                            fused=device.type in FUSED_ADAMW)
+                            fused=device.type in FUSED_ADAMW and not devices.is_sharded(net))
     warmup = int(config.warmup_ratio * total)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: lr_factor(s, warmup, total))
     state = _State(LoopResult(), time.perf_counter(), _Meter(), net, objective, val_batches,
@@ -253,9 +254,8 @@ class _State:
 
 
 def _backward(state: _State, batch, sync: bool) -> None:
-    # under DDP, skip the gradient all-reduce on micro-steps that do not end an optimizer step
-    quiet = state.net.no_sync() if state.info.active and not sync else nullcontext()
-    with quiet:
+    # under DDP or FSDP, skip the gradient reduction on micro-steps that do not end an optimizer step
+    with devices.gradient_sync(state.net, sync):
         with devices.autocast(state.device):
             loss, metrics = state.objective(state.net, batch)
         (loss / state.config.grad_accum).backward()
@@ -276,7 +276,7 @@ def _validate(state: _State) -> None:
     if loss is not None and loss < state.best_loss:
         state.best_loss, state.bad_evals = loss, 0
         result.best_step, result.best = result.steps, metrics
-        if state.on_best is not None and state.info.is_main:
+        if state.on_best is not None and _saves_here(state):
             state.on_best(result.steps, metrics)
         devices.barrier(state.info)
     else:
@@ -285,8 +285,14 @@ def _validate(state: _State) -> None:
             result.stopped = "early_stopping"
 
 
+def _saves_here(state: _State) -> bool:
+    # a sharded model is gathered by every rank to be saved (rm/model.py: save_model writes on rank 0)
+    return state.info.is_main or devices.is_sharded(state.net)
+
+
 def _has_validation(val_batches, device, info) -> bool:
-    return devices.all_reduce_sum([float(len(val_batches))], device, info)[0] > 0
+    return devices.all_reduce_sum([float(len(val_batches))], device, info)[0] > 0 and \
+        devices.all_reduce_min(len(val_batches), device, info) > 0
 
 
 def _should_stop(state: _State, total: int) -> bool:
@@ -309,7 +315,7 @@ def _finish(state: _State) -> LoopResult:
     result = state.result
     if state.last_eval_step != result.steps:
         _validate(state)
-    if result.best_step is None and state.on_best is not None and state.info.is_main:
+    if result.best_step is None and state.on_best is not None and _saves_here(state):
         state.on_best(result.steps, {})  # nothing to validate on: keep the final weights
     devices.barrier(state.info)
     result.seconds = time.perf_counter() - state.started

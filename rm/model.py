@@ -227,9 +227,15 @@ def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) 
     from transformers.utils import logging
 
     logging.disable_progress_bar()
+    from rm import device as devices
+
     out = Path(out_dir)
+    # FSDP: every rank gathers the whole weights (a collective), rank 0 alone writes them
+    state = devices.full_state_dict(hf_model)
+    if state is not None and devices.rank() != 0:
+        return out
     out.mkdir(parents=True, exist_ok=True)
-    hf_model.save_pretrained(out, safe_serialization=True)
+    hf_model.save_pretrained(out, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(out)
     (out / TRAIN_CONFIG).write_text(json.dumps(train_config, indent=2, default=str))
     (out / METRICS).write_text(json.dumps(metrics, indent=2, default=str))

@@ -61,6 +61,9 @@ def _add_common(q) -> None:
     q.add_argument("--gradient-checkpointing", type=int, nargs="?", const=1, default=0, metavar="N",
                    help="recompute layer activations in the backward pass (every N-th layer; "
                         "default every layer): less memory, about one more forward per step")
+    q.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard parameters, gradients and optimizer state over the "
+                        "processes (FSDP2) instead of a whole copy in each (DDP)")
 
 
 # --- arguments → configs -----------------------------------------------------------------------
@@ -81,7 +84,8 @@ def reward_config(args):
     from rm.reward_run import RewardRunConfig
 
     return RewardRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
-                           train=train_config(args), soft_labels=args.soft_labels,
+                           train=train_config(args), wrapping=_wrapping(args),
+                           soft_labels=args.soft_labels,
                            margin=args.margin, center=args.center)
 
 
@@ -92,7 +96,12 @@ def policy_config(args):
     objective = PoConfig(args.loss, args.beta, args.gamma, args.lam, args.label_smoothing,
                          args.robust, args.desirable_weight, args.undesirable_weight)
     return PolicyRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
-                           train=train_config(args), objective=objective)
+                           train=train_config(args), wrapping=_wrapping(args), objective=objective)
+
+
+def _wrapping(args) -> str:
+    """rm/loop.py WRAPPERS: how a torchrun job spreads the model over its processes."""
+    return "fsdp" if args.fsdp else "ddp"
 
 
 # --- the store's side --------------------------------------------------------------------------

@@ -75,6 +75,12 @@ class Metrics:
         self.forward_seconds = Histogram("bradley_forward_seconds", "model forward time",
                                          buckets=LATENCY_BUCKETS, registry=r)
         self.queue_items = Gauge("bradley_queue_items", "items waiting for the model", registry=r)
+        # the alert rules divide by these, so thresholds need not repeat the settings
+        self.queue_limit = Gauge("bradley_queue_limit_items",
+                                 "BRADLEY_MAX_QUEUE_ITEMS: past it /score answers 503", registry=r)
+        self.model_ready = Gauge("bradley_model_ready", "1 while a model is loaded (/readyz 200)",
+                                 registry=r)
+        self.read_only = Gauge("bradley_read_only", "1 on a scorer that refuses writes", registry=r)
         self.items = Counter("bradley_scored_items", "items scored (rate() gives items/s)", registry=r)
         self.tokens = Counter("bradley_scored_tokens", "tokens scored (rate() gives tokens/s)",
                               registry=r)

@@ -94,6 +94,9 @@ class Service:
                                settings.max_wait_ms / 1000, settings.max_queue_items,
                                on_forward=self.metrics.on_forward)
         self.metrics.queue_items.set_function(lambda: self.batcher.queued_items)
+        self.metrics.queue_limit.set(settings.max_queue_items)
+        self.metrics.model_ready.set_function(lambda: float(self.current is not None))
+        self.metrics.read_only.set(float(settings.read_only))
         self.verifiers = VerifierPool(settings.verifier_workers, settings.verifier_timeout_s,
                                       plugins_setting(settings.verifier_plugins),
                                       on_status=self.metrics.on_verdict)

@@ -2,10 +2,7 @@
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow as pa
@@ -189,21 +186,6 @@ def test_train_rm_on_an_empty_store_fails_cleanly(tmp_path, capsys):
     assert status == 1
     assert "no pairs" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.partial-*"))
-
-
-def test_torchrun_two_processes_on_cpu(db, tmp_path):
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-               "--master_port", str(29500 + os.getpid() % 1000), "-m", "service.cli", "--db", db,
-               "train", "rm", "--device", "cpu", "--steps", "6", "--batch-size", "4",
-               "--out", str(tmp_path / "ddp")]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    metrics = json.loads(done.stdout.strip().splitlines()[-1])
-    assert metrics["world_size"] == 2 and metrics["steps"] == 6
-    assert (Path(metrics["path"]) / "model.safetensors").is_file()
-    with Store(db, read_only=True) as store:
-        assert [m["id"] for m in store.models()] == [metrics["model_id"]]
 
 
 def _saved_bytes_and_grads(model, ids):

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# One prepared GPU run, under 8 minutes: RM and DPO training on a 135M Llama (SmolLM2-135M's shape,
+# random weights, bf16 autocast) with tokens/s and MFU, then bench/score_load.py serving the trained
+# reward model against the offline batched forward and a one-forward-per-request server. One JSON
+# line each in $OUT: rm_train.json, dpo_train.json, score_load.json.
+#
+#   bench/gpu/wheels.sh                       here: wheels the GPU machine lacks, + the hh-rlhf items
+#   bench/gpu/run.sh                          there (carry bench/gpu/carry), OUT set by the device tool
+#   bench/gpu/run.sh --smoke                  anywhere, CPU, a tiny model, seconds (tests run this)
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SMOKE=""
+[ "${1:-}" = "--smoke" ] && SMOKE=--smoke
+OUT="${OUT:-bench/out/gpu}"
+mkdir -p "$OUT"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+
+if [ -n "$SMOKE" ]; then
+  PY="${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}"
+  SCORE=(--device cpu --requests 64 --offline-seconds 0.5 --torch-threads 1)
+  LIMIT=()   # the caller's own limit (tests: pytest's) is enough on a CPU
+else
+  CARRY=bench/gpu/carry
+  ls "$CARRY"/wheels/*.whl >/dev/null || { echo "run bench/gpu/wheels.sh first" >&2; exit 2; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --target "$WORK/site" "$CARRY"/wheels/*.whl
+  export PYTHONPATH="$WORK/site:$PWD" BRADLEY_SHARED_DATA="${BRADLEY_SHARED_DATA:-$PWD/$CARRY/data}"
+  PY=python3
+  SCORE=(--device cuda)
+  LIMIT=(timeout)   # the 8-minute plan: training 280 s, serving 180 s at most
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
+fi
+
+started=$SECONDS
+"${LIMIT[@]}" ${LIMIT:+280} "$PY" bench/gpu/train_mfu.py --out "$OUT" --work "$WORK/train" $SMOKE
+model="$(cat "$WORK/train/rm_path.txt")"
+"${LIMIT[@]}" ${LIMIT:+180} "$PY" bench/score_load.py --model "$model" "${SCORE[@]}" | tee "$OUT/score_load.json"
+echo "bench/gpu/run.sh ${SMOKE:-(gpu)}: $((SECONDS - started)) s" >&2

@@ -1,0 +1,57 @@
+"""bench/gpu/ does not rot: `bench/gpu/run.sh --smoke` runs the whole GPU plan on CPU with a tiny
+model (training through the real CLI twice per objective, then bench/score_load.py serving the
+trained reward model) and leaves one JSON line per bench in $OUT; the FLOP count's model shape is
+SmolLM2-135M's, checked against transformers' own Llama built from it (on the meta device: no memory)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "bench" / "gpu"
+
+
+def train_mfu():
+    spec = importlib.util.spec_from_file_location("train_mfu", GPU / "train_mfu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_135m_shape_and_flop_count():
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    bench = train_mfu()
+    assert doctest.testmod(bench).failed == 0
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**bench.SMOLLM2_135M))
+    assert sum(p.numel() for p in model.parameters()) == bench.total_parameters(bench.SMOLLM2_135M)
+    assert bench.total_parameters(bench.SMOLLM2_135M) == 134_515_008   # SmolLM2-135M's published size
+
+
+def test_run_sh_smoke(tmp_path):
+    env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(["bash", str(GPU / "run.sh"), "--smoke"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {}
+    for name in ("rm_train", "dpo_train", "score_load"):
+        text = (tmp_path / f"{name}.json").read_text().strip().splitlines()
+        assert len(text) == 1, f"{name}: {text}"
+        lines[name] = json.loads(text[0])
+    for name in ("rm_train", "dpo_train"):
+        line = lines[name]
+        assert line["steps"] == [1, 3] and line["every_sequence_full"] is True
+        assert line["tokens_per_step"] == 2 * 4 * 48
+        assert line["tokens_per_s"] > 0 and 0 < line["mfu"] < 1 and line["smoke"] is True
+    assert lines["dpo_train"]["matmul_parameters"] > lines["rm_train"]["matmul_parameters"]
+    score = lines["score_load"]
+    assert score["model"] == Path(lines["rm_train"]["path"]).name and score["errors"] == 0
+    assert score["ratio_vs_offline"] > 0 and score["ratio_vs_per_request"] > 0
