@@ -6,9 +6,11 @@ scripts never import one another by file name.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import subprocess
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -56,3 +58,20 @@ def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None)
     if code != 0:
         raise SystemExit(f"{name} failed:\n{err_path.read_text()[-4000:]}")
     return out_path.read_text(), float(peak_path.read_text())
+
+
+async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes,
+               path: str = "/score") -> tuple[int, bytes, float]:
+    """One HTTP/1.1 POST over a kept-alive connection: (status, body, seconds). Raw sockets, so the
+    load generator costs the client little next to the server it measures."""
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    started = time.perf_counter()
+    writer.write(head + body)
+    status = int((await reader.readline()).split()[1])
+    length = 0
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        if line.lower().startswith(b"content-length:"):
+            length = int(line.split(b":")[1])
+    payload = await reader.readexactly(length)
+    return status, payload, time.perf_counter() - started

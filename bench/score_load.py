@@ -62,6 +62,7 @@ from starlette.requests import Request  # the naive server's handler annotation,
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import post  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
 
 CLIENTS = 64
@@ -94,17 +95,8 @@ async def _one_client(port: int, bodies: list[bytes], latencies: list[float], er
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for body in bodies:
-            head = (f"POST /score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
-            started = time.perf_counter()
-            writer.write(head + body)
-            status = int((await reader.readline()).split()[1])
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            await reader.readexactly(length)
-            latencies.append(time.perf_counter() - started)
+            status, _, seconds = await post(reader, writer, body)
+            latencies.append(seconds)
             if status != 200:
                 errors.append(status)
     except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
@@ -324,8 +316,7 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
 
 
 def cheap_model_figures(tiny: dict | None) -> dict:
-    """The tiny model's ratios (issue 20's regime: the server's own cost, not the forward), when it ran:
-    a `--model FOLDER` run benches that folder alone."""
+    """The tiny model's ratios (the server's own cost), when it ran: `--model FOLDER` benches one."""
     if tiny is None:
         return {}
     figures = {"tiny_ratio_vs_offline": tiny["ratio_vs_offline"],

@@ -28,7 +28,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import post  # noqa: E402
+from service.ports import free_port  # noqa: E402
 
 CLIENTS = 64
 REDOS = {"prompt": "p", "response": "a" * 28 + "!", "verifier": "regex", "ground_truth": "(a+)+$"}
@@ -105,17 +106,8 @@ async def _client(port: int, bodies: list[bytes], out: dict) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         for body in bodies:
-            head = (f"POST /score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                    f"Content-Length: {len(body)}\r\n\r\n").encode()
-            started = time.perf_counter()
-            writer.write(head + body)
-            status = int((await reader.readline()).split()[1])
-            length = 0
-            while (line := await reader.readline()) not in (b"\r\n", b""):
-                if line.lower().startswith(b"content-length:"):
-                    length = int(line.split(b":")[1])
-            payload = await reader.readexactly(length)
-            out["latencies"].append(time.perf_counter() - started)
+            status, payload, seconds = await post(reader, writer, body)
+            out["latencies"].append(seconds)
             if status != 200:
                 out["errors"].append(status)
                 continue
@@ -155,12 +147,6 @@ def drive(port: int, bodies: list[bytes], items_per_request: int, pid: int) -> d
 def bodies_of(items: list[dict], requests: int, per_request: int) -> list[bytes]:
     return [json.dumps({"items": [items[(i * per_request + k) % len(items)]
                                   for k in range(per_request)]}).encode() for i in range(requests)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_server(port: int, db: str) -> subprocess.Popen:
