@@ -75,3 +75,20 @@ async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body:
             length = int(line.split(b":")[1])
     payload = await reader.readexactly(length)
     return status, payload, time.perf_counter() - started
+
+
+def wait_ready(proc, url: str, seconds: float, what: str):
+    """Poll `url` until it answers 200, then return `proc`; kill it and raise if it exits or
+    `seconds` pass first."""
+    import httpx
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"{what} did not become ready")

@@ -62,7 +62,7 @@ from starlette.requests import Request  # the naive server's handler annotation,
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post  # noqa: E402
+from bench.common import post, wait_ready  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
 
 CLIENTS = 64
@@ -148,18 +148,7 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
 def start(argv: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
     proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import httpx
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"server {argv[2:4]} did not become ready")
+    return wait_ready(proc, f"http://127.0.0.1:{port}/readyz", 180, f"server {argv[2:4]}")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post  # noqa: E402
+from bench.common import post, wait_ready  # noqa: E402
 from service.ports import free_port  # noqa: E402
 
 CLIENTS = 64
@@ -150,22 +150,12 @@ def bodies_of(items: list[dict], requests: int, per_request: int) -> list[bytes]
 
 
 def start_server(port: int, db: str) -> subprocess.Popen:
-    import httpx
 
     env = {**os.environ, "BRADLEY_VERIFIER_WORKERS": "2", "BRADLEY_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([sys.executable, "-m", "service.cli", "--db", db, "serve", "--port",
                              str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return proc
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("bradley serve did not start")
+    return wait_ready(proc, f"http://127.0.0.1:{port}/healthz", 120, "bradley serve")
 
 
 def metric(port: int, prefix: str) -> float:
