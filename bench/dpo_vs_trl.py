@@ -70,11 +70,12 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 # log-probs (cached by the measured runs).
 OUR_FLOOR_SCRIPT = r'''
 import json, sys
-import pyarrow.parquet as pq
+import shutil
 import torch
 from annotation.store import Store
 from rm import device as devices, policy_run
 from rm.loop import TrainConfig
+from rm.run import RunInputs, new_plan
 from rm.objectives import PoConfig
 a = json.loads(sys.argv[1])
 config = policy_run.PolicyRunConfig(base_model=a["model"], max_length=a["max_length"], val_fraction=0,
@@ -82,12 +83,13 @@ config = policy_run.PolicyRunConfig(base_model=a["model"], max_length=a["max_len
                                     objective=PoConfig(loss="dpo", beta=a["beta"]))
 device, info = torch.device("cpu"), devices.Dist()
 devices.set_threads(device, info)
+shutil.rmtree("floor_model", ignore_errors=True)
 with Store(a["db"]) as store:
-    pq.write_table(store.pairs(a["snapshot"]), "floor_pairs.parquet")
-plan = {"pairs": "floor_pairs.parquet", "feedback": None, "partial": "."}
+    plan = new_plan("po", "floor_model", RunInputs(pairs=store.pairs(a["snapshot"])))
 model, tokenizer, data = policy_run._prepare(config, plan, device, info)
 with Store(a["db"]) as store:
     policy_run._reference(config, model, tokenizer, data, store, device, info)
+shutil.rmtree(plan["partial"])
 print(json.dumps(data.stats))
 '''
 

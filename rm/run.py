@@ -2,14 +2,14 @@
 the settings both take (`RunConfig`), what the caller hands in (`RunInputs`), planning on rank 0
 and its broadcast, the hidden partial folder, and one `publish`.
 
-A run never opens the store: the caller hands it rows (or a Parquet file of them) with the snapshot
-id they came from and the loss floors as numbers, and registers the published model afterwards
+A run never opens the store: the caller hands it rows (or a Parquet or Arrow IPC file of them) with
+the snapshot id they came from and the loss floors as numbers, and registers the published model afterwards
 (the CLI does both: service/cli_train.py). A run's life:
 
 1. every rank: `devices.setup`, `torch.manual_seed(config.train.seed)`;
 2. rank 0 alone: the inputs (a `RunInputs`, or a callable returning one, so a torchrun job reads
    its store once), a new model id, the partial folder `.NAME.partial-ID` beside `--out` with the
-   rows frozen as Parquet under `_work/`; the plan (ids and paths, JSON) is broadcast, and an
+   rows frozen as Arrow IPC files under `_work/`; the plan (ids and paths, JSON) is broadcast, and an
    error there reaches every rank as the same ValueError instead of leaving them waiting;
 3. every rank: the run's work, reading the rows from `_work/`;
 4. rank 0: `publish` — `_work/` removed, metrics.json written with the weights' sha256, the partial
@@ -67,7 +67,7 @@ class RunConfig:
 @dataclass
 class RunInputs:
     """What the caller hands a run: resolved pairs (prompt, chosen, rejected, p_chosen, prompt_id,
-    ...: rows as `Store.pairs()` gives them, an Arrow table, or a Parquet file of them), unpaired
+    ...: rows as `Store.pairs()` gives them, an Arrow table, or a Parquet or Arrow IPC file of them), unpaired
     feedback rows for KTO, the snapshot id they were read from and its rater filter (recorded in
     the model folder), and the loss floors of the same data (analysis.cycles.loss_floors)."""
 
@@ -128,7 +128,9 @@ def new_model_folder(kind: str, out: str | None) -> tuple[str, Path]:
 
 
 def new_plan(kind: str, out: str | None, given: RunInputs) -> dict:
-    """Rank 0: ids, the partial folder, and the inputs frozen as Parquet under its `_work/`."""
+    """Rank 0: ids, the partial folder, and the inputs frozen as Arrow IPC files under its `_work/`
+    (IPC rather than Parquet: reading a Parquet file loads Arrow's dataset libraries, ~70 MB of
+    resident memory a training process would carry to its end)."""
     model_id, folder = new_model_folder(kind, out)
     partial = folder.parent / f".{folder.name}.partial-{model_id}"
     (partial / "_work").mkdir(parents=True)
@@ -136,42 +138,51 @@ def new_plan(kind: str, out: str | None, given: RunInputs) -> dict:
             "snapshot_id": given.snapshot_id, "raters": given.raters,
             "floors": {**NO_FLOORS, **(given.floors or {})}}
     for name in ("pairs", "feedback"):
-        plan[name] = _freeze(getattr(given, name), partial / "_work" / f"{name}.parquet")
+        plan[name] = _freeze(getattr(given, name), partial / "_work" / f"{name}.arrow")
     return plan
 
 
 def count_rows(rows) -> int:
-    """Rows in a list, an Arrow table or a Parquet file (without reading the file's data)."""
+    """Rows in a list, an Arrow table, or a Parquet or Arrow IPC file."""
     if isinstance(rows, str | Path):
-        import pyarrow.parquet as pq
-
-        return pq.ParquetFile(rows).metadata.num_rows
+        return _read_table(rows).num_rows
     return len(rows)
 
 
 def _freeze(rows, path: Path) -> str | None:
-    """A Parquet file every rank can read: the caller's own file, or `rows` written to `path`."""
+    """A file every rank can read: the caller's own Parquet or IPC file, or `rows` written to
+    `path` as Arrow IPC."""
     if isinstance(rows, str | Path):
         if not Path(rows).is_file():
-            raise ValueError(f"{rows}: no such Parquet file of rows")
+            raise ValueError(f"{rows}: no such Parquet or Arrow file of rows")
         return str(Path(rows).resolve())
     if not len(rows):
         return None
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows))
-    pq.write_table(table, path)
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
     return str(path)
+
+
+def _read_table(path: str | Path):
+    """A Parquet file (by its suffix) or an Arrow IPC file, whole."""
+    import pyarrow as pa
+
+    if str(path).endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        return pq.ParquetFile(path).read()  # not pq.read_table: that loads the dataset libraries
+    with pa.memory_map(str(path)) as source:
+        return pa.ipc.open_file(source).read_all()
 
 
 def read_rows(path: str | None) -> list[dict]:
     """The rows a plan froze (none for None)."""
     if path is None:
         return []
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path).to_pylist()
+    return _read_table(path).to_pylist()
 
 
 def publish(plan: dict, metrics: dict) -> dict:
