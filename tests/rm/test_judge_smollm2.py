@@ -1,7 +1,7 @@
 """The real judge: SmolLM2-135M-Instruct (`bradley models prepare smollm2`, converted once into
 ~/.cache/bradley-tests/) on 20 LLMBar Natural pairs, locally and through llama-cpp-python's
 OpenAI-compatible server (`python -m llama_cpp.server`, built once into a cached venv by
-tests/rm/llama_cpp_venv.py) serving the same model's Q4_1 GGUF.
+tests/cached_venv.py llama_cpp_venv) serving the same model's Q4_1 GGUF.
 
 LLMBar (Zeng et al. 2024, princeton-nlp/LLMBar @ 900616b): `input, output_1, output_2, label`.
 """
@@ -21,11 +21,11 @@ import pytest
 
 from annotation.ingest import ingest_records
 from annotation.store import Store
-from tests.rm import llama_cpp_venv
+from tests.cached_venv import cache_root, llama_cpp_venv
 
 # A real 135M model on CPU: ~1 min on 2 quiet cores, far longer on a shared busy machine
 pytestmark = pytest.mark.timeout(2400)
-CACHE = llama_cpp_venv.ROOT
+CACHE = cache_root()
 SMOL_DIR = CACHE / "smollm2-135m-instruct"
 N_PAIRS = 20
 
@@ -66,11 +66,12 @@ def label(db: str, judge: str, *extra) -> dict:
 
 
 def probabilities(db: str, rater: str) -> dict:
-    """P(first) per (prompt, first response) as stored: strength is P(winner better)."""
+    """P(first) per presentation (prompt, first response, second response) as stored: strength is
+    P(winner better)."""
     with Store(db, read_only=True) as store:
         rows = store.judgments(raters=rater).to_pylist()
-    return {(r["prompt"], r["response_a_text"]): r["strength"] if r["winner"] == "a"
-            else 1 - r["strength"] for r in rows}
+    return {(r["prompt"], r["response_a_text"], r["response_b_text"]):
+            r["strength"] if r["winner"] == "a" else 1 - r["strength"] for r in rows}
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def llama_server(smollm2):
     """llama_cpp.server on 127.0.0.1 serving the wheel's GGUF; stopped by PID."""
     from rm.prepare import SMOLLM2_GGUF, SMOLLM2_MODULE
 
-    python = llama_cpp_venv.ensure()  # ~500 s the first time on 2 cores, then cached
+    python = llama_cpp_venv()  # ~500 s the first time on 2 cores, then cached
     gguf = Path(list(importlib.util.find_spec(SMOLLM2_MODULE).submodule_search_locations)[0]) / SMOLLM2_GGUF
     port = free_port()
     log = open(CACHE / "llama-server.log", "w")
@@ -140,6 +141,60 @@ def llama_server(smollm2):
         log.close()
 
 
+def ranks(values: list[float]) -> list[float]:
+    """1-based ranks, ties sharing their mean rank.
+
+    >>> ranks([0.3, 0.1, 0.3])
+    [2.5, 1.0, 2.5]
+    """
+    order = sorted(range(len(values)), key=values.__getitem__)
+    out = [0.0] * len(values)
+    start = 0
+    while start < len(order):
+        end = start
+        while end + 1 < len(order) and values[order[end + 1]] == values[order[start]]:
+            end += 1
+        for k in order[start:end + 1]:
+            out[k] = (start + end) / 2 + 1
+        start = end + 1
+    return out
+
+
+def spearman(x: list[float], y: list[float]) -> float:
+    """Spearman's rho: Pearson's r of the ranks.
+
+    >>> spearman([1, 2, 3, 4], [10, 20, 40, 30])
+    0.8
+    """
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return round(cov / var, 12)
+
+
+def agreement(p_local: dict, p_served: dict) -> dict:
+    """How far two judges' verdicts on the same presentations differ: per presentation |ΔP(first)|,
+    the share of presentations on the same side of 1/2, and per comparison (both orders) whether
+    the order-averaged P(a better) points the same way and whether the verdict the store counts
+    (annotation/rlaif.py collapsed_verdict: a, b or a tie) is the same."""
+    from annotation.rlaif import collapsed_verdict, order_probability
+
+    keys = sorted(p_local)
+    diffs = [abs(p_local[k] - p_served[k]) for k in keys]
+    pairs = [k for k in keys if k[1] < k[2]]  # each comparison once, as (a, b) with a < b
+    both = {name: [(p[k], p[(k[0], k[2], k[1])]) for k in pairs]
+            for name, p in (("local", p_local), ("served", p_served))}
+    side = {name: [order_probability(*o) > 0.5 for o in orders] for name, orders in both.items()}
+    verdict = {name: [collapsed_verdict(*o) for o in orders] for name, orders in both.items()}
+    return {"presentations": len(keys), "comparisons": len(pairs),
+            "max_abs_diff": round(max(diffs), 4), "mean_abs_diff": round(sum(diffs) / len(diffs), 4),
+            "same_side_presentations": sum((p_local[k] > 0.5) == (p_served[k] > 0.5) for k in keys),
+            "same_order_averaged_side": sum(a == b for a, b in zip(side["local"], side["served"], strict=True)),
+            "same_stored_verdict": sum(a == b for a, b in zip(verdict["local"], verdict["served"], strict=True)),
+            "spearman": spearman([p_local[k] for k in keys], [p_served[k] for k in keys])}
+
+
 @pytest.mark.timeout(3600)  # a fresh machine builds llama-cpp-python first (~500 s on 2 quiet cores)
 def test_llama_cpp_server_judge_agrees_with_the_local_judge(local_run, llama_server):
     """The same 40 presentations through openai:URL. The server runs the Q4_1 weights the local
@@ -151,8 +206,7 @@ def test_llama_cpp_server_judge_agrees_with_the_local_judge(local_run, llama_ser
     assert (served["pairs_judged"], served["failures"]) == (N_PAIRS, 0)
     p_local, p_served = probabilities(db, local["rater"]), probabilities(db, served["rater"])
     assert p_local.keys() == p_served.keys()
-    diffs = [abs(p_local[k] - p_served[k]) for k in p_local]
-    same_side = sum((p_local[k] > 0.5) == (p_served[k] > 0.5) for k in p_local) / len(p_local)
-    print(json.dumps({"mean_abs_diff": sum(diffs) / len(diffs), "max_abs_diff": max(diffs),
-                      "same_side": same_side}))
-    assert sum(diffs) / len(diffs) < 0.05 and same_side >= 0.8
+    found = agreement(p_local, p_served)
+    print(json.dumps(found))
+    (CACHE / "llama-agreement.json").write_text(json.dumps(found) + "\n")
+    assert found["mean_abs_diff"] < 0.05 and found["same_side_presentations"] >= 32
