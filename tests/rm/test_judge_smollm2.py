@@ -195,11 +195,24 @@ def agreement(p_local: dict, p_served: dict) -> dict:
             "spearman": spearman([p_local[k] for k in keys], [p_served[k] for k in keys])}
 
 
+# How far the served judge may differ from the local one. The GGUF is `general.file_type` 3
+# (MOSTLY_Q4_1): 210 Q4_1 matrices, the tied embedding/output head Q8_0, norms F32. The local judge
+# is that file dequantized (rm/prepare.py), so both read the same weights; what differs is
+# llama.cpp's CPU arithmetic: every matmul against Q4_1/Q8_0 weights first rounds its activations
+# to 8 bits per block of 32 (ggml quantize_row_q8_1/q8_0), and the KV cache is f16. Emulating
+# exactly that in the fp32 model (8-bit blocks before every Linear, f16 k/v) moved P(first) on these
+# presentations by up to 0.049 (mean 0.019; up to 0.23 nats of logit); the served judge differed by
+# up to 0.029 (mean 0.011). The bounds leave ~20% over the emulated figures: a larger difference
+# is not quantisation but a different prompt, tokenization or label reading.
+MAX_ABS_DIFF, MEAN_ABS_DIFF, MIN_SPEARMAN = 0.06, 0.025, 0.8
+
+
 @pytest.mark.timeout(3600)  # a fresh machine builds llama-cpp-python first (~500 s on 2 quiet cores)
 def test_llama_cpp_server_judge_agrees_with_the_local_judge(local_run, llama_server):
-    """The same 40 presentations through openai:URL. The server runs the Q4_1 weights the local
-    judge was dequantized from, in llama.cpp's kernels: probabilities differ by quantisation and
-    numerics, not by design. Bounds measured here: see the README's RLAIF section."""
+    """The same 40 presentations through openai:URL: per presentation |P_local - P_served| within
+    what llama.cpp's 8-bit activations explain (MAX_ABS_DIFF, MEAN_ABS_DIFF), so every presentation
+    the local judge puts farther than MAX_ABS_DIFF from 1/2 is on the same side, and the ranking of
+    P(first) is kept (Spearman). Figures in the README's RLAIF section."""
     db, local = local_run
     served = label(db, f"openai:{llama_server}", "--judge-name", "smollm2-q4", "--concurrency", "1",
                    "--timeout", "120")
@@ -209,4 +222,7 @@ def test_llama_cpp_server_judge_agrees_with_the_local_judge(local_run, llama_ser
     found = agreement(p_local, p_served)
     print(json.dumps(found))
     (CACHE / "llama-agreement.json").write_text(json.dumps(found) + "\n")
-    assert found["mean_abs_diff"] < 0.05 and found["same_side_presentations"] >= 32
+    assert found["max_abs_diff"] <= MAX_ABS_DIFF and found["mean_abs_diff"] <= MEAN_ABS_DIFF, found
+    clear = [k for k in p_local if abs(p_local[k] - 0.5) > MAX_ABS_DIFF]
+    assert all((p_local[k] > 0.5) == (p_served[k] > 0.5) for k in clear)
+    assert found["spearman"] >= MIN_SPEARMAN, found
