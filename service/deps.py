@@ -1,5 +1,7 @@
 """FastAPI dependencies that each route declares in its signature: who is calling (and whether that
 caller may use the route), and the request body, read within its bound and decoded off the event loop.
+Each is a coroutine: FastAPI runs a plain `def` dependency in a worker thread, a hop per request
+for a few dictionary look-ups.
 
 Declaring them as parameters (`caller: Keyed, value: JsonBody`) keeps policy out of the handlers: a
 handler cannot forget a check it never calls, and FastAPI solves the parameters in order, so the
@@ -30,7 +32,7 @@ Who may do what (README "Who may see what"):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated
@@ -41,6 +43,7 @@ from service.http import check_key, check_webhook_secret, read_body
 from service.payloads import decode_json, parse_records
 
 INLINE_DECODE_BYTES = 64 * 1024  # smaller bodies decode in microseconds: not worth a thread hop
+HELD = "bradley.held"  # scope key: releases owed when the request ends
 
 
 class TooManyRequests(ValueError):
@@ -63,20 +66,29 @@ class ClientSlots:
         self.limit = limit
         self.in_flight: dict[str, int] = {}
 
-    @contextmanager
-    def hold(self, client: str) -> Iterator[None]:
+    def acquire(self, client: str) -> Callable[[], None]:
+        """Take a slot (TooManyRequests beyond the limit); returns the call that gives it back."""
         running = self.in_flight.get(client, 0)
         if running >= self.limit:
             raise TooManyRequests(f"{running} requests without a key are already running from "
                                   f"{client} (limit {self.limit}, BRADLEY_ANON_MAX_CONCURRENT); "
                                   "wait for one to finish, or send a key")
         self.in_flight[client] = running + 1
-        try:
-            yield
-        finally:
+
+        def release() -> None:
             left = self.in_flight.pop(client) - 1
             if left:
                 self.in_flight[client] = left
+
+        return release
+
+    @contextmanager
+    def hold(self, client: str) -> Iterator[None]:
+        release = self.acquire(client)
+        try:
+            yield
+        finally:
+            release()
 
 
 def _settings(request: Request):
@@ -87,36 +99,47 @@ def _client(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def require_key(request: Request) -> Caller:
+async def require_key(request: Request) -> Caller:
     check_key(request, _settings(request).api_keys)
     return Caller(True, _client(request))
 
 
-def webhook_caller(request: Request) -> Caller:
+async def webhook_caller(request: Request) -> Caller:
     """Label Studio's webhook: its shared secret (X-Bradley-Webhook-Secret) or a bearer key."""
     settings = _settings(request)
     check_webhook_secret(request, settings.label_studio_webhook_secret, settings.api_keys)
     return Caller(True, _client(request))
 
 
-def optional_key(request: Request) -> Caller:
+async def optional_key(request: Request) -> Caller:
     """Keyed when an Authorization header is sent (a wrong key is refused, not ignored)."""
     if "authorization" in request.headers:
-        return require_key(request)
+        return await require_key(request)
     return Caller(False, _client(request))
 
 
-async def scoring_caller(request: Request) -> AsyncIterator[Caller]:
-    caller = require_key(request) if _settings(request).score_requires_key else optional_key(request)
-    if caller.keyed:
-        yield caller
-        return
-    with request.app.state.anon_slots.hold(caller.client):
-        yield caller
+async def scoring_caller(request: Request) -> Caller:
+    """A plain coroutine, neither a generator (FastAPI wraps those in an exit stack and a cancel
+    scope per request, about a third of the hot routes' framework cost in issue 20's profile) nor a
+    `def` (run in a worker thread, and the slots are the event loop's alone). The anonymous slot is
+    given back by `release_held` when the response has gone."""
+    needs_key = _settings(request).score_requires_key
+    caller = await (require_key(request) if needs_key else optional_key(request))
+    if not caller.keyed:
+        release = request.app.state.anon_slots.acquire(caller.client)
+        request.scope.setdefault(HELD, []).append(release)
+    return caller
 
 
-def metrics_caller(request: Request) -> Caller:
-    return require_key(request) if _settings(request).metrics_require_key else optional_key(request)
+def release_held(scope) -> None:
+    """Give back what a request's dependencies held (RouteMetrics calls it as the request ends)."""
+    for release in scope.pop(HELD, ()):
+        release()
+
+
+async def metrics_caller(request: Request) -> Caller:
+    needs_key = _settings(request).metrics_require_key
+    return await (require_key(request) if needs_key else optional_key(request))
 
 
 async def bounded_body(request: Request) -> bytes:
