@@ -5,9 +5,8 @@ reuse, on the same pairs in one run; prints one JSON line.
 
 Every pair is judged in both orders under each of the default constitution's principles (5), so a
 pair is 10 judge sequences. Without reuse each sequence runs whole (sorted by length, batched);
-with reuse the sequences of a pair run as a prefix tree: the part both orders share (header and
-conversation) once per pair, the part every principle of an order shares (both responses) once per
-presentation on that KV cache, then each principle's tail. The judge defaults to a 5.2M-parameter
+with reuse the part every principle of a presentation shares (the conversation and both responses)
+runs once and its KV cache serves the principles' tails. The judge defaults to a 5.2M-parameter
 Llama built from a config (hidden 256, 4 layers); pass --judge a SmolLM2 folder
 (`bradley models prepare smollm2`) for the real model. Figures: `label_pairs_per_s` (with reuse),
 `label_pairs_per_s_no_reuse`, `label_prefix_speedup` (their ratio; goal >= 2), and whether both

@@ -10,9 +10,8 @@ from a constitution (annotation/rlaif.py), so this module stays text-agnostic.
   normalised log-probs of the options). One forward per sequence, no generation, no parsing.
   Sequences are batched by length and padded on the tokenizer's side; the label is read at the last
   real token found from the attention mask (rm/model.py), so left and right padding agree. With
-  `reuse_prefix` the prompts of one comparison run as a prefix tree: the tokens both orders share
-  (header and conversation) once per comparison, the tokens every principle of a presentation
-  shares (both responses) once per presentation on that KV cache, then each principle's tail.
+  `reuse_prefix` the tokens shared by every principle of a presentation (the conversation and both
+  responses) run once, and their KV cache is repeated for the batch of principle tails.
 * `openai:URL` (rm/judge_openai.py): an OpenAI-compatible server; rm/judges.py picks one by name.
 """
 
@@ -163,98 +162,52 @@ class LocalJudge:
         return out
 
     def _prefer_shared(self, items: Sequence[Item]) -> list[float]:
-        """Prefixes shared along a tree per comparison: what both orders share (the header and the
-        conversation, which the template puts before the responses) runs once per comparison; what
-        every principle of one order shares (the responses) once per presentation, on that cache;
-        then each principle's tail on its presentation's cache."""
-        encoded = [self.encode(t) for t in self.texts(items)]
+        """Group items by presentation; run the groups' shared heads together (one forward per
+        `batch_size` heads), then their tails against copies of that KV cache."""
+        groups: dict[tuple[str, str, str], list[int]] = {}
+        for i, (prompt, first, second, _) in enumerate(items):
+            groups.setdefault((prompt, first, second), []).append(i)
+        encoded = {i: self.encode(t) for i, t in enumerate(self.texts(items))}
         label_ids = self.label_ids(self.texts(items[:1])[0])
-        trees = _prefix_trees(items, encoded)
-        alone = all(sum(len(members) for _, members in levels) == 1 for _, levels in trees)
-        if alone or any(k1 < 1 for k1, _ in trees):  # nothing shared, or nothing to start from
-            return self._prefer_flat(encoded, label_ids)
+        if all(len(members) == 1 for members in groups.values()):  # one principle: nothing shared
+            return self._prefer_flat([encoded[i] for i in range(len(items))], label_ids)
+        plans = []  # (shared length, member indices)
+        for members in groups.values():
+            full = [encoded[i] for i in members]
+            plans.append((min(_common_prefix(full), min(len(f) for f in full) - 1), members))
+        plans.sort(key=lambda plan: plan[0])
         out = [0.0] * len(items)
-        for chunk in _batches(trees, self.batch_size):
-            for i, p in self._run_trees(chunk, encoded, label_ids):
+        for start in range(0, len(plans), self.batch_size):
+            chunk = plans[start:start + self.batch_size]
+            for i, p in self._heads_and_tails(chunk, encoded, label_ids):
                 out[i] = p
         return out
 
-    def _run_trees(self, trees, encoded, label_ids) -> list[tuple[int, float]]:
-        _, _, roots = self._extend(None, [(0, encoded[levels[0][1][0]][:k1]) for k1, levels in trees])
-        middles = [(t, k2, members) for t, (k1, levels) in enumerate(trees) for k2, members in levels]
-        _, _, state = self._extend(roots, [(t, encoded[members[0]][trees[t][0]:k2])
-                                           for t, k2, members in middles])
-        rows = [(g, i, encoded[i][k2:]) for g, (_, k2, members) in enumerate(middles) for i in members]
+    def _heads_and_tails(self, chunk, encoded, label_ids) -> list[tuple[int, float]]:
+        heads = pad_batch([encoded[m[0]][:k] for k, m in chunk], self.tokenizer.pad_token_id, "right")
+        head_mask = heads["attention_mask"]
+        cache = _cache_of(self.model(input_ids=heads["input_ids"].to(self.device),
+                                     attention_mask=head_mask.to(self.device), use_cache=True))
+        self.forwards += 1
+        rows = [(g, i, encoded[i][k:]) for g, (k, members) in enumerate(chunk) for i in members]
+        lengths = torch.tensor([k for k, _ in chunk])
         out = []
         for start in range(0, len(rows), 4 * self.batch_size):  # tails are short: larger batches
             part = rows[start:start + 4 * self.batch_size]
-            logits, mask, _ = self._extend(state, [(g, tail) for g, _, tail in part])
-            at = logits[torch.arange(len(part)), last_token_index(mask).to(self.device)]
+            index = torch.tensor([g for g, _, _ in part])
+            tails = pad_batch([t for _, _, t in part], self.tokenizer.pad_token_id, "right")
+            n, width = tails["input_ids"].shape
+            mask = torch.cat([head_mask[index], tails["attention_mask"]], 1)
+            positions = lengths[index, None] + torch.arange(width)  # right after each row's head
+            logits = self.model(input_ids=tails["input_ids"].to(self.device),
+                                attention_mask=mask.to(self.device),
+                                position_ids=positions.to(self.device),
+                                **{_cache_argument(self.model): _select_cache(cache, index)},
+                                use_cache=True).logits
+            self.forwards += 1
+            at = logits[torch.arange(n), last_token_index(tails["attention_mask"]).to(self.device)]
             out += [(i, _pair_probability(at[row], label_ids)) for row, (_, i, _) in enumerate(part)]
         return out
-
-    def _extend(self, state, rows):
-        """Run each row's tokens after the cached tokens of its parent row in `state` (None: no
-        parent), right-padded, positions continuing from the parent's real length. Returns (logits
-        or None when no row has a token, the new tokens' mask, the new state (cache, mask, lengths))."""
-        index = torch.tensor([parent for parent, _ in rows])
-        new = pad_batch([tokens for _, tokens in rows], self.tokenizer.pad_token_id, "right")
-        fresh = new["attention_mask"]
-        if state is None:
-            cache, mask, base = None, fresh[:, :0], torch.zeros(len(rows), dtype=torch.long)
-        else:
-            cache, mask, base = state[0], state[1][index], state[2][index]
-        full, lengths = torch.cat([mask, fresh], 1), base + fresh.sum(1)
-        if fresh.shape[1] == 0:  # no row adds a token (one presentation per comparison): re-index
-            return None, fresh, (_select_cache(cache, index), full, lengths)
-        extra = {} if cache is None else {_cache_argument(self.model): _select_cache(cache, index)}
-        output = self.model(input_ids=new["input_ids"].to(self.device),
-                            attention_mask=full.to(self.device), use_cache=True,
-                            position_ids=(base[:, None] + torch.arange(fresh.shape[1])).to(self.device),
-                            **extra)
-        self.forwards += 1
-        return output.logits, fresh, (_cache_of(output), full, lengths)
-
-
-def _prefix_trees(items: Sequence[Item], encoded: list[list[int]]) -> list[tuple[int, list]]:
-    """Per comparison, (k1, [(k2, member indices) per presentation]), sorted by k1: the first k2
-    tokens are shared by a presentation's principles, the first k1 ≤ k2 by both its orders; every
-    sequence keeps at least its last token to itself (the label is read there).
-
-    >>> items = [("q", "a", "b", "p1"), ("q", "a", "b", "p2"), ("q", "b", "a", "p1")]
-    >>> _prefix_trees(items, [[1, 2, 3, 5], [1, 2, 3, 6], [1, 2, 4, 5]])
-    [(2, [(3, [0, 1]), (3, [2])])]
-    """
-    comparisons: dict[tuple, dict[tuple, list[int]]] = {}
-    for i, (prompt, first, second, _) in enumerate(items):
-        key = (prompt, *sorted((first, second)))
-        comparisons.setdefault(key, {}).setdefault((first, second), []).append(i)
-    trees = []
-    for presentations in comparisons.values():
-        levels = []
-        for members in presentations.values():
-            seqs = [encoded[i] for i in members]
-            levels.append((min(_common_prefix(seqs), min(len(s) for s in seqs) - 1), members))
-        everyone = [encoded[i] for _, members in levels for i in members]
-        trees.append((min(_common_prefix(everyone), *(k for k, _ in levels)), levels))
-    return sorted(trees, key=lambda tree: tree[0])
-
-
-def _batches(trees: list, size: int) -> list[list]:
-    """Consecutive trees, at most `size` presentations a batch (at least one tree).
-
-    >>> _batches([(1, [0, 0]), (2, [0]), (3, [0, 0])], 3)
-    [[(1, [0, 0]), (2, [0])], [(3, [0, 0])]]
-    """
-    out: list[list] = [[]]
-    room = size
-    for tree in trees:
-        if out[-1] and len(tree[1]) > room:
-            out.append([])
-            room = size
-        out[-1].append(tree)
-        room -= len(tree[1])
-    return out
 
 
 def _pair_probability(logits: torch.Tensor, label_ids: list[int]) -> float:
