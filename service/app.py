@@ -21,7 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from service import http, routes_data, routes_score
-from service.deps import ClientSlots
+from service.deps import ClientSlots, release_held
 from service.runtime import Service
 from service.settings import Settings, load_settings
 
@@ -56,7 +56,8 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
 
 class RouteMetrics:
     """Pure ASGI middleware: latency and status per route template (not per raw path, which would
-    let clients create unbounded label values)."""
+    let clients create unbounded label values). Outermost, so it also gives back what a request's
+    dependencies held (`release_held`) however the request ended."""
 
     def __init__(self, app, service: Service):
         self.app, self.metrics = app, service.metrics
@@ -75,6 +76,7 @@ class RouteMetrics:
         try:
             await self.app(scope, receive, send_and_note)
         finally:
+            release_held(scope)  # the anonymous /score slot (service.deps.scoring_caller)
             key = (getattr(scope.get("route"), "path", "unmatched"), scope["method"], status[0])
             children = self._children.get(key)
             if children is None:  # route templates x methods x statuses: a bounded set

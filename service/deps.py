@@ -30,7 +30,7 @@ Who may do what (README "Who may see what"):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Annotated
@@ -41,6 +41,7 @@ from service.http import check_key, check_webhook_secret, read_body
 from service.payloads import decode_json, parse_records
 
 INLINE_DECODE_BYTES = 64 * 1024  # smaller bodies decode in microseconds: not worth a thread hop
+HELD = "bradley.held"  # scope key: releases owed when the request ends
 
 
 class TooManyRequests(ValueError):
@@ -63,20 +64,29 @@ class ClientSlots:
         self.limit = limit
         self.in_flight: dict[str, int] = {}
 
-    @contextmanager
-    def hold(self, client: str) -> Iterator[None]:
+    def acquire(self, client: str) -> Callable[[], None]:
+        """Take a slot (TooManyRequests beyond the limit); returns the call that gives it back."""
         running = self.in_flight.get(client, 0)
         if running >= self.limit:
             raise TooManyRequests(f"{running} requests without a key are already running from "
                                   f"{client} (limit {self.limit}, BRADLEY_ANON_MAX_CONCURRENT); "
                                   "wait for one to finish, or send a key")
         self.in_flight[client] = running + 1
-        try:
-            yield
-        finally:
+
+        def release() -> None:
             left = self.in_flight.pop(client) - 1
             if left:
                 self.in_flight[client] = left
+
+        return release
+
+    @contextmanager
+    def hold(self, client: str) -> Iterator[None]:
+        release = self.acquire(client)
+        try:
+            yield
+        finally:
+            release()
 
 
 def _settings(request: Request):
@@ -106,13 +116,21 @@ def optional_key(request: Request) -> Caller:
     return Caller(False, _client(request))
 
 
-async def scoring_caller(request: Request) -> AsyncIterator[Caller]:
+def scoring_caller(request: Request) -> Caller:
+    """A plain dependency, not a generator one: FastAPI wraps a generator dependency in an exit
+    stack and a cancel scope per request, about a third of the hot routes' framework cost (issue
+    20's profile). The anonymous slot is given back by `release_held` when the response has gone."""
     caller = require_key(request) if _settings(request).score_requires_key else optional_key(request)
-    if caller.keyed:
-        yield caller
-        return
-    with request.app.state.anon_slots.hold(caller.client):
-        yield caller
+    if not caller.keyed:
+        release = request.app.state.anon_slots.acquire(caller.client)
+        request.scope.setdefault(HELD, []).append(release)
+    return caller
+
+
+def release_held(scope) -> None:
+    """Give back what a request's dependencies held (RouteMetrics calls it as the request ends)."""
+    for release in scope.pop(HELD, ()):
+        release()
 
 
 def metrics_caller(request: Request) -> Caller:

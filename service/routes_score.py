@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
 from service.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
+from service.http import FastJSON
 from service.payloads import parse_get_reward, parse_score
 from service.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
 
@@ -36,7 +37,7 @@ async def score(request: Request, caller: Scorer, value: JsonBody) -> JSONRespon
         out, correct = {"scores": scores, "model": model_id}, [None] * len(scores)
     if req.group_size is not None:
         out.update(group_fields(svc, req, out["scores"], correct))
-    return JSONResponse(out)
+    return FastJSON(out)
 
 
 @router.post("/get_reward")
@@ -66,7 +67,7 @@ async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONR
             "unsplit": [float(s.how == "unsplit") for s in splits], **verdict_logs}
     if req.single:
         rewards, scores, logs = rewards[0], scores[0], {k: v[0] for k, v in logs.items()}
-    return JSONResponse({"rewards": rewards, "scores": scores, "extra_logs": logs},
+    return FastJSON({"rewards": rewards, "scores": scores, "extra_logs": logs},
                         headers={"X-Bradley-Model": model_id or ""})
 
 

@@ -195,6 +195,19 @@ def test_callers_without_a_key_have_a_concurrency_bound_per_client(guarded):
     assert httpx.post(f"{guarded.url}/score", content=GOOD).status_code == 200
 
 
+def test_a_refused_anonymous_request_gives_its_slot_back(guarded):
+    """The slot is taken by a plain dependency and given back by the outermost middleware
+    (service.deps.release_held), so a request that fails after taking it (bad JSON, an item over
+    the anonymous size limit, a wrong field) still frees it: with a limit of 1, each next request
+    from the same address is answered, not refused with 429."""
+    bodies = [b'{"items": [', json.dumps({"items": [{"prompt": "p", "response": "x" * 5_000}]}),
+              json.dumps({"items": [{"prompt": 3, "response": "r"}]})]
+    statuses = [httpx.post(f"{guarded.url}/score", content=b).status_code for b in bodies]
+    assert 429 not in statuses and all(400 <= s < 500 for s in statuses), statuses
+    assert guarded.app.state.anon_slots.in_flight == {}
+    assert httpx.post(f"{guarded.url}/score", content=GOOD).status_code == 200
+
+
 @pytest.mark.parametrize("name, value", [("anon_max_request_chars", 0), ("anon_max_concurrent", 0)])
 def test_the_budgets_are_validated_settings(name, value):
     with pytest.raises(SettingsError, match=f"BRADLEY_{name.upper()}"):
