@@ -155,6 +155,7 @@ class _Worker:
         self.progress.close()
 
 
+_tuple_new = tuple.__new__  # Verdict(*row) would run NamedTuple's Python-level __new__
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
@@ -295,9 +296,7 @@ class VerifierPool:
             except EOFError:
                 return self._lost(slot, jobs, worker.running(seq), "error", "verifier worker died")
             if line is not None:
-                verdicts = iter(line[1])
-                return self._answer([(job, i, Verdict(*next(verdicts)))
-                                     for job in jobs for i in range(len(job.calls))])
+                return self._answered(jobs, line[1])
             running = worker.running(seq)
             now = time.monotonic()
             if running is None:  # not started yet (the clock runs from the start)
@@ -336,11 +335,28 @@ class VerifierPool:
     def _put(self, priority: int, job: _Job | None) -> None:
         self._jobs.put((priority, next(self._order), job))
 
+    def _answered(self, jobs: list[_Job], rows: list[list]) -> None:
+        """A whole message's verdicts, in order (per item only C-level work: tuple.__new__ builds
+        each Verdict, Counter counts (name, status) pairs)."""
+        start = 0
+        seen: Counter = Counter()
+        for job in jobs:
+            end = start + len(job.calls)
+            out, verdicts = job.request.out, [_tuple_new(Verdict, r) for r in rows[start:end]]
+            for w, v in zip(job.where, verdicts, strict=True):
+                out[w] = v
+            seen.update(zip([c[0] for c in job.calls], [v[3] for v in verdicts], strict=True))
+            start = end
+        self._count(seen)
+
     def _answer(self, verdicts: list[tuple[_Job, int, Verdict]]) -> None:
         seen: Counter = Counter()
         for job, i, verdict in verdicts:
             job.request.out[job.where[i]] = verdict
             seen[job.calls[i][0], verdict.status] += 1
+        self._count(seen)
+
+    def _count(self, seen: Counter) -> None:
         with self._lock:
             for (name, status), n in seen.items():
                 self.counts[status] += n

@@ -205,12 +205,18 @@ def parse_score(value, limits: Limits) -> ScoreRequest:
     if len(items) > limits.max_items:
         raise PayloadError("items", f"{len(items)} items, limit {limits.max_items}; split the request",
                            413)
-    prompts, responses = [], []
+    prompts, responses, longest = [], [], limits.max_text_chars
     for i, item in enumerate(items):
         if not isinstance(item, dict):
             raise PayloadError(f"items[{i}]", f"must be an object, not {_kind(item)}")
-        prompts.append(check_prompt(item.get("prompt"), f"items[{i}].prompt", limits))
-        responses.append(check_text(item.get("response"), f"items[{i}].response", limits))
+        prompt, response = item.get("prompt"), item.get("response")
+        # plain strings within the limit pass as they are; field names are built for the rest only
+        if type(prompt) is not str or len(prompt) > longest:
+            prompt = check_prompt(prompt, f"items[{i}].prompt", limits)
+        if type(response) is not str or len(response) > longest:
+            response = check_text(response, f"items[{i}].response", limits)
+        prompts.append(prompt)
+        responses.append(response)
     check_budget(prompts, responses, "items", limits)
     group_size = _group_size(value.get("group_size"), len(items))
     advantage = value.get("advantage", "grpo")
