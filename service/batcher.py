@@ -143,7 +143,19 @@ class Batcher:
         if not ids:
             return []
         loop = asyncio.get_running_loop()
-        job = _Job(scorer, ids, loop.create_future(), loop)
+        future = loop.create_future()
+        self.submit(scorer, ids, future, loop)
+        return await future
+
+    def submit(self, scorer: Scorer, ids: list[list[int]], future: asyncio.Future,
+               loop: asyncio.AbstractEventLoop) -> None:
+        """Queue rows whose scores resolve `future` on `loop`; callable from any thread (the
+        tokenizer thread hands its requests straight here: service/encoder.py `then`). Raises
+        QueueFull or ShuttingDown instead of queueing."""
+        if not ids:
+            loop.call_soon_threadsafe(_resolve, [(future, [])])
+            return
+        job = _Job(scorer, ids, future, loop)
         with self._cond:
             if self._closing:
                 raise ShuttingDown("the server is shutting down; retry against another replica")
@@ -153,7 +165,6 @@ class Batcher:
             self._queue.append(job)
             self._queued_items += len(ids)
             self._cond.notify()
-        return await job.future
 
     # -- lifecycle -------------------------------------------------------------------------------
 

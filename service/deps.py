@@ -1,5 +1,7 @@
 """FastAPI dependencies that each route declares in its signature: who is calling (and whether that
 caller may use the route), and the request body, read within its bound and decoded off the event loop.
+Each is a coroutine: FastAPI runs a plain `def` dependency in a worker thread, a hop per request
+for a few dictionary look-ups.
 
 Declaring them as parameters (`caller: Keyed, value: JsonBody`) keeps policy out of the handlers: a
 handler cannot forget a check it never calls, and FastAPI solves the parameters in order, so the
@@ -97,30 +99,32 @@ def _client(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def require_key(request: Request) -> Caller:
+async def require_key(request: Request) -> Caller:
     check_key(request, _settings(request).api_keys)
     return Caller(True, _client(request))
 
 
-def webhook_caller(request: Request) -> Caller:
+async def webhook_caller(request: Request) -> Caller:
     """Label Studio's webhook: its shared secret (X-Bradley-Webhook-Secret) or a bearer key."""
     settings = _settings(request)
     check_webhook_secret(request, settings.label_studio_webhook_secret, settings.api_keys)
     return Caller(True, _client(request))
 
 
-def optional_key(request: Request) -> Caller:
+async def optional_key(request: Request) -> Caller:
     """Keyed when an Authorization header is sent (a wrong key is refused, not ignored)."""
     if "authorization" in request.headers:
-        return require_key(request)
+        return await require_key(request)
     return Caller(False, _client(request))
 
 
-def scoring_caller(request: Request) -> Caller:
-    """A plain dependency, not a generator one: FastAPI wraps a generator dependency in an exit
-    stack and a cancel scope per request, about a third of the hot routes' framework cost (issue
-    20's profile). The anonymous slot is given back by `release_held` when the response has gone."""
-    caller = require_key(request) if _settings(request).score_requires_key else optional_key(request)
+async def scoring_caller(request: Request) -> Caller:
+    """A plain coroutine, neither a generator (FastAPI wraps those in an exit stack and a cancel
+    scope per request, about a third of the hot routes' framework cost in issue 20's profile) nor a
+    `def` (run in a worker thread, and the slots are the event loop's alone). The anonymous slot is
+    given back by `release_held` when the response has gone."""
+    needs_key = _settings(request).score_requires_key
+    caller = await (require_key(request) if needs_key else optional_key(request))
     if not caller.keyed:
         release = request.app.state.anon_slots.acquire(caller.client)
         request.scope.setdefault(HELD, []).append(release)
@@ -133,8 +137,9 @@ def release_held(scope) -> None:
         release()
 
 
-def metrics_caller(request: Request) -> Caller:
-    return require_key(request) if _settings(request).metrics_require_key else optional_key(request)
+async def metrics_caller(request: Request) -> Caller:
+    needs_key = _settings(request).metrics_require_key
+    return await (require_key(request) if needs_key else optional_key(request))
 
 
 async def bounded_body(request: Request) -> bytes:

@@ -6,7 +6,8 @@ request is appended to a list; one thread takes everything that queued while it 
 with one `RewardModel.encode` call per model (`rm.tokenizer.encode_many`: one fast-tokenizer call
 for all prompt parts, one for all response parts) and hands the ids back with one
 `call_soon_threadsafe` per event loop. Under load the batch grows by itself; alone, a request waits
-for nobody.
+for nobody. `/score` goes one step further: with `then=Batcher.submit` the ids go from this thread
+straight into the scoring queue, and the event loop hears of the request again only with its scores.
 
 Independence: `encode_many` gives every item the ids it gets alone (tests/rm/test_encode_many.py),
 and a batch whose call fails (a template that refuses one request's messages) is encoded again
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.batcher import ShuttingDown, _resolve
@@ -42,6 +44,10 @@ class _Request:
     responses: list[str]
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
+    then: Callable | None = None  # takes (ids, future, loop) over in this thread
+
+
+Then = Callable[[list, asyncio.Future, asyncio.AbstractEventLoop], None]
 
 
 class EncodeQueue:
@@ -54,9 +60,13 @@ class EncodeQueue:
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
-    async def encode(self, rm, prompts: list, responses: list[str]) -> list[list[int]]:
+    async def encode(self, rm, prompts: list, responses: list[str], then: Then | None = None):
+        """The ids of every item; with `then`, whatever `then(ids, future, loop)` later resolves
+        the future with: `Batcher.submit` makes it the scores, handed over in this thread without a
+        round trip through the event loop between tokenizing and scoring. An exception `then`
+        raises (a full queue) fails the request."""
         loop = asyncio.get_running_loop()
-        request = _Request(rm, prompts, responses, loop.create_future(), loop)
+        request = _Request(rm, prompts, responses, loop.create_future(), loop, then)
         with self._cond:
             if self._closing:
                 raise ShuttingDown("the server is shutting down; retry against another replica")
@@ -83,7 +93,7 @@ class EncodeQueue:
             for request in taken:
                 by_model.setdefault(id(request.rm), []).append(request)
             results = [pair for group in by_model.values() for pair in _encode_group(group)]
-            _deliver(results)
+            _deliver([pair for pair in results if not _handed_on(*pair)])
 
 
 def _encode_group(group: list[_Request]) -> list[tuple[_Request, object]]:
@@ -103,6 +113,17 @@ def _encode_group(group: list[_Request]) -> list[tuple[_Request, object]]:
         out.append((request, ids[start:end]))
         start = end
     return out
+
+
+def _handed_on(request: _Request, result) -> bool:
+    """Give encoded ids to the request's `then`; False when they (or its error) go back instead."""
+    if request.then is None or isinstance(result, BaseException):
+        return False
+    try:
+        request.then(result, request.future, request.loop)
+    except Exception as exc:  # noqa: BLE001 - QueueFull/ShuttingDown: this request's answer
+        request.loop.call_soon_threadsafe(_resolve, [(request.future, exc)])
+    return True
 
 
 def _deliver(results: list[tuple[_Request, object]]) -> None:

@@ -15,6 +15,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from rm.verifier_pool import VerifierPool
@@ -124,6 +125,7 @@ class Service:
 
     def stop(self) -> None:
         """Drain the scoring queue, finish queued store work, close the store."""
+        self._batched_encoder.close()  # first: what it still holds goes on to the batcher
         drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
@@ -131,7 +133,6 @@ class Service:
         self._store_thread.shutdown(wait=True)
         for encoder in self._encoders.values():
             encoder.shutdown(wait=True)
-        self._batched_encoder.close()
         if self.store is not None:
             self.store.close()
             self.store = None
@@ -195,12 +196,13 @@ class Service:
         loaded = self.current
         if loaded is None:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
-        if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:
-            ids = await self._batched_encoder.encode(loaded.rm, prompts, responses)
+        if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:  # tokenized, then scored
+            scores = await self._batched_encoder.encode(
+                loaded.rm, prompts, responses, then=partial(self.batcher.submit, loaded.rm.score_encoded))
         else:
             ids = await asyncio.get_running_loop().run_in_executor(
                 self._encoders["large"], loaded.rm.encode, prompts, responses)
-        scores = await self.batcher.score(loaded.rm.score_encoded, ids)
+            scores = await self.batcher.score(loaded.rm.score_encoded, ids)
         self.metrics.on_scores(responses, scores)
         return loaded.id, scores
 

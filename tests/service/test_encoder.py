@@ -60,3 +60,37 @@ def test_a_closed_queue_refuses_new_work():
             await queue.encode(GatedModel(), ["a"], ["b"])
 
     asyncio.run(run())
+
+
+def test_then_takes_the_ids_over_in_the_thread_and_its_refusal_fails_only_its_request():
+    """With `then` (what /score passes: Batcher.submit), the ids go from the tokenizer thread to the
+    batcher and the request's answer is the scores; a `then` that refuses (a full queue) fails only
+    its own request."""
+    from service.batcher import Batcher, QueueFull
+
+    model = GatedModel()
+    model.gate.set()
+    batcher = Batcher(max_batch_tokens=64, max_batch_items=8, max_wait_s=0.001).start()
+    handed: list[str] = []
+
+    def submit(ids, future, loop):
+        handed.append(threading.current_thread().name)
+        batcher.submit(lambda rows: [float(sum(r)) for r in rows], ids, future, loop)
+
+    def refuse(ids, future, loop):
+        raise QueueFull("50000 items are queued")
+
+    async def run():
+        queue = EncodeQueue("bradley-tokenize-test")
+        out = await asyncio.gather(queue.encode(model, ["ab", ""], ["c", "de"], then=submit),
+                                   queue.encode(model, ["x"], ["y"], then=refuse),
+                                   queue.encode(model, ["bad"], ["y"], then=submit),
+                                   return_exceptions=True)
+        queue.close()
+        return out
+
+    out = asyncio.run(run())
+    batcher.close()
+    assert out[0] == [3.0, 2.0]  # the scores of ids [2, 1] and [0, 2]
+    assert isinstance(out[1], QueueFull) and isinstance(out[2], ValueError)
+    assert handed == ["bradley-tokenize-test"]  # `then` ran in the tokenizer thread, once
