@@ -241,12 +241,14 @@ class VerifierPool:
         self._ready[slot].set()
 
     def _take(self) -> list[_Job] | None:
-        """The next job and whatever else is queued behind it, up to `batch` calls; None: stop."""
+        """The next job and whatever else is queued behind it, up to `batch` calls and this
+        worker's share of the queue (so slow checkers do not end a burst on one busy worker while
+        the other idles); None: stop."""
         jobs = [self._jobs.get()[2]]
         if jobs[0] is None:
             return None
-        size = len(jobs[0].calls)
-        while size < self.batch:
+        size, share = len(jobs[0].calls), -(-self._jobs.qsize() // self.n_workers)
+        while size < self.batch and len(jobs) <= share:
             try:
                 entry = self._jobs.get_nowait()
             except queue.Empty:
