@@ -5,16 +5,19 @@ Why processes: a checker can hang (a catastrophic regex, a sympy simplification,
 which only works on the main thread, so inside a server's threads it either raises or (with its
 timeouts off) runs unbounded. A worker process can always be killed.
 
-How: `workers` subprocesses (`python -m rm.verifier_pool`), each fed by one dispatcher thread that
-hands it a chunk of calls as one JSON line and reads back one JSON line of verdicts. A call's clock
-starts when the worker starts it: before each call the worker writes (chunk, call, start time) to a
-small shared page, so when the parent's wait runs out it knows which call is running and since when,
-and waits on until that call's own deadline (one message each way per chunk, not per call, keeps
-the server's threads from waking once per call). A call past its deadline: the worker's process
-group is killed (taking any program it ran with it), the call gets reward 0 and `status: timeout`,
-a fresh worker starts, and the chunk's other calls go back on the queue. A worker that dies on its
-own gives the call in progress `status: error`. Nothing becomes a silent zero: every status is
-counted (`counts`, and the `on_status` callback for /metrics).
+How: `workers` subprocesses (`python -m rm.verifier_worker`), each fed by one dispatcher thread. A
+request is cut into chunks (one per worker for a small request, at most `chunk` calls each) so an
+idle pool spreads it over every worker; a dispatcher sends everything queued, up to `batch` calls,
+as ONE message and reads back one message of verdicts (orjson both ways), so under load the pipe
+round trips and thread wake-ups are paid per batch of requests, not per call or per request. A
+call's clock starts when the worker starts it: before each call the worker writes (message, call,
+start time) to a small shared page, so when the parent's wait runs out it knows which call is
+running and since when, and waits on until that call's own deadline. A call past its deadline: the
+worker's process group is killed (taking any program it ran with it), the call gets reward 0 and
+`status: timeout`, a fresh worker starts, and the message's other calls go back on the queue (to
+be run again: their verdicts died with the worker). A worker that dies on its own gives the call in
+progress `status: error`. Nothing becomes a silent zero: every status is counted (`counts`, and the
+`on_status` callback for /metrics).
 
     >>> with VerifierPool(workers=1, timeout_s=5) as pool:
     ...     [v.reward for v in pool.verify([("gsm8k", "#### 10", "10", None),
@@ -28,16 +31,13 @@ the workers import them at start, since functions cannot travel to another proce
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import json
-import logging
 import mmap
 import os
 import queue
 import select
 import signal
-import struct
 import subprocess
 import sys
 import tempfile
@@ -47,10 +47,20 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from rm.verifiers import VERIFIERS, Verdict, run_verifier
+from rm.verifier_worker import (
+    LIMIT_ENV,
+    PLUGINS_ENV,
+    PROGRESS,
+    PROGRESS_ENV,
+    decode,
+    encode,
+    write_all,
+)
+from rm.verifiers import VERIFIERS, Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
-CHUNK = 32          # calls per message: amortises the pipe round trip without starving the other worker
+CHUNK = 64    # calls per chunk of a big request: each worker gets a share while others wait
+BATCH = 512   # calls per message: queued chunks of many requests travel together under load
 START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
 
 Call = tuple  # (verifier name, response, ground truth, options dict or None)
@@ -78,28 +88,25 @@ class _Job:
     """A chunk of a request: its calls and where their verdicts go in the request's list."""
 
     def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request):
-        self.calls, self.where, self.request = list(calls), list(where), request
+        self.calls, self.where, self.request = calls, where, request
         self.retried = False  # sent again whole after its worker died before starting it
 
 
-PROGRESS = struct.Struct("qqd")  # chunk number, call index within it, CLOCK_MONOTONIC at its start
-
-
 class _Worker:
-    """One `python -m rm.verifier_pool` process in its own process group, and a 24-byte shared
+    """One `python -m rm.verifier_worker` process in its own process group, and a 24-byte shared
     page where it notes which call it is running and since when (so results can travel one line
-    per chunk while the parent still knows each call's start)."""
+    per message while the parent still knows each call's start)."""
 
     def __init__(self, plugins: dict[str, str], limit_s: float):
         fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
         os.ftruncate(fd, PROGRESS.size)
         self.progress = mmap.mmap(fd, PROGRESS.size)
         os.close(fd)
-        env = {**os.environ, "BRADLEY_VERIFIER_PLUGINS": json.dumps(plugins),
-               "BRADLEY_VERIFIER_PROGRESS": path, "BRADLEY_VERIFIER_LIMIT_S": str(limit_s),
+        env = {**os.environ, PLUGINS_ENV: json.dumps(plugins), PROGRESS_ENV: path,
+               LIMIT_ENV: str(limit_s),
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_pool"], env=env,
+            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_worker"], env=env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          start_new_session=True, bufsize=0)
             self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
@@ -112,27 +119,27 @@ class _Worker:
 
     def send(self, calls: list[Call]) -> int:
         self.seq += 1
-        self.proc.stdin.write(json.dumps([self.seq, calls]).encode() + b"\n")
+        write_all(self.proc.stdin.fileno(), encode([self.seq, calls]))
         return self.seq
 
     def running(self, seq: int) -> tuple[int, float] | None:
-        """(index, start) of the call of chunk `seq` in progress; None before the chunk starts."""
+        """(index, start) of the call of message `seq` in progress; None before it starts."""
         at, index, started = PROGRESS.unpack_from(self.progress, 0)
         return (index, started) if at == seq else None
 
     def read_line(self, timeout: float):
-        """The next JSON line, None at the deadline, EOFError when the worker is gone."""
+        """The next message, None at the deadline, EOFError when the worker is gone."""
         deadline = time.monotonic() + timeout
-        while b"\n" not in self.buffer:
+        while (end := self.buffer.find(b"\n")) < 0:
             left = max(0.0, deadline - time.monotonic())
             if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
                 return None
-            data = os.read(self.fd, 1 << 16)  # below malloc's mmap threshold
+            data = os.read(self.fd, 1 << 20)
             if not data:
                 raise EOFError("verifier worker exited")
             self.buffer += data
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return json.loads(line)
+        line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
+        return decode(line)
 
     def kill(self) -> None:
         try:
@@ -148,16 +155,19 @@ class _Worker:
         self.progress.close()
 
 
+_tuple_new = tuple.__new__  # Verdict(*row) would run NamedTuple's Python-level __new__
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class VerifierPool:
     def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
                  plugins: dict[str, str] | None = None,
-                 on_status: Callable[[str, str, int], None] | None = None, chunk: int = CHUNK):
-        if workers < 1 or timeout_s <= 0:
-            raise ValueError("workers must be >= 1 and timeout_s > 0")
+                 on_status: Callable[[str, str, int], None] | None = None, chunk: int = CHUNK,
+                 batch: int = BATCH):
+        if workers < 1 or timeout_s <= 0 or chunk < 1:
+            raise ValueError("workers and chunk must be >= 1 and timeout_s > 0")
         self.n_workers, self.timeout_s, self.chunk = workers, timeout_s, chunk
+        self.batch = max(batch, chunk)
         self.plugins, self.on_status = dict(plugins or {}), on_status
         self.counts: Counter = Counter()
         self.restarts = 0
@@ -182,16 +192,19 @@ class VerifierPool:
     # -- submitting ------------------------------------------------------------------------------
 
     def submit(self, calls: Sequence[Call]) -> Future:
-        """A Future of the verdicts of `calls`, in order; work is split into chunks across workers."""
+        """A Future of the verdicts of `calls`, in order. A request is cut into one chunk per
+        worker (at most `chunk` calls each), so alone it runs on every worker at once."""
         self._ensure_started()
-        out: list = [None] * len(calls)
-        starts = range(0, len(calls), self.chunk)
+        n = len(calls)
+        out: list = [None] * n
+        size = min(self.chunk, -(-n // self.n_workers)) or 1
+        starts = range(0, n, size)
         request = _Request(len(starts), out)
         if not calls:
             request.future.set_result(out)
         for start in starts:
-            where = range(start, min(start + self.chunk, len(calls)))
-            self._put(1, _Job([calls[i] for i in where], where, request))
+            end = min(start + size, n)
+            self._put(1, _Job(calls[start:end], range(start, end), request))
         return request.future
 
     def verify(self, calls: Sequence[Call]) -> list[Verdict]:
@@ -227,16 +240,37 @@ class VerifierPool:
             pass  # the next call retries and reports the failure as `status: error`
         self._ready[slot].set()
 
+    def _take(self) -> list[_Job] | None:
+        """The next job and whatever else is queued behind it, up to `batch` calls and this
+        worker's share of the queue (so slow checkers do not end a burst on one busy worker while
+        the other idles); None: stop."""
+        jobs = [self._jobs.get()[2]]
+        if jobs[0] is None:
+            return None
+        size, share = len(jobs[0].calls), -(-self._jobs.qsize() // self.n_workers)
+        while size < self.batch and len(jobs) <= share:
+            try:
+                entry = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if entry[2] is None or size + len(entry[2].calls) > self.batch:
+                self._jobs.put(entry)  # for the next round (or the next thread to stop)
+                break
+            jobs.append(entry[2])
+            size += len(entry[2].calls)
+        return jobs
+
     def _serve(self, slot: int) -> None:
         self._spawn(slot)
-        while (job := self._jobs.get()[2]) is not None:
+        while (jobs := self._take()) is not None:
             try:
-                self._run(slot, job)
+                self._run(slot, jobs)
             except Exception as exc:  # worker would not start: answer, do not hang the request
                 why = Verdict(0.0, None, False, "error", detail=str(exc)[:300])
-                self._answer(job, {i: why for i in range(len(job.calls))
-                                   if job.request.out[job.where[i]] is None})
-            job.request.chunk_done()
+                self._answer([(job, i, why) for job in jobs for i in range(len(job.calls))
+                              if job.request.out[job.where[i]] is None])
+            for job in jobs:
+                job.request.chunk_done()
             if self._workers[slot] is None and not self._closed:
                 self._spawn(slot)
 
@@ -245,26 +279,26 @@ class VerifierPool:
             self._workers[slot] = _Worker(self.plugins, self.timeout_s)
         return self._workers[slot]
 
-    def _run(self, slot: int, job: _Job) -> None:
-        """Send the chunk, wait for its one result line. The deadline follows the call in
-        progress: when the wait ends without an answer, the shared page says which call runs and
-        since when; only a call running past the limit gets the worker killed."""
+    def _run(self, slot: int, jobs: list[_Job]) -> None:
+        """Send the jobs as one message, wait for its one answer. The deadline follows the call
+        in progress: when the wait ends without an answer, the shared page says which call runs
+        and since when; only a call running past the limit gets the worker killed."""
+        calls = [c for job in jobs for c in job.calls]
         worker = self._worker(slot)
         try:
-            seq = worker.send([list(c) for c in job.calls])
-        except OSError:  # it died between chunks (e.g. the OOM killer): a fresh one, once
+            seq = worker.send(calls)
+        except OSError:  # it died between messages (e.g. the OOM killer): a fresh one, once
             self._replace(slot)
             worker = self._worker(slot)
-            seq = worker.send([list(c) for c in job.calls])
+            seq = worker.send(calls)
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 line = worker.read_line(max(0.0, deadline - time.monotonic()))
             except EOFError:
-                return self._lost(slot, job, worker.running(seq), "error", "verifier worker died")
+                return self._lost(slot, jobs, worker.running(seq), "error", "verifier worker died")
             if line is not None:
-                self._answer(job, {i: Verdict(*v) for i, v in enumerate(line[1])})
-                return None
+                return self._answered(jobs, line[1])
             running = worker.running(seq)
             now = time.monotonic()
             if running is None:  # not started yet (the clock runs from the start)
@@ -272,33 +306,59 @@ class VerifierPool:
             elif running[1] + self.timeout_s > now:
                 deadline = running[1] + self.timeout_s
             else:
-                return self._lost(slot, job, running, "timeout",
+                return self._lost(slot, jobs, running, "timeout",
                                   f"over the {self.timeout_s:g} s limit; worker replaced")
 
-    def _lost(self, slot: int, job: _Job, running, status: str, detail: str) -> None:
-        """Kill the worker; the call it was running gets `status`; the chunk's other calls (their
-        results died with it) go back on the queue for whichever worker is free first."""
+    def _lost(self, slot: int, jobs: list[_Job], running, status: str, detail: str) -> None:
+        """Kill the worker; the call it was running gets `status`; the message's other calls
+        (their results died with it) go back on the queue for whichever worker is free first."""
         self._replace(slot)
-        if running is None and not job.retried:  # it died before starting: nobody to blame
-            culprit = None
-        else:
-            culprit = running[0] if running is not None else 0
-            self._answer(job, {culprit: Verdict(0.0, None, False, status, detail=detail)})
+        if running is not None:
+            k = running[0]
+            for job in jobs:
+                culprit = k if 0 <= k < len(job.calls) else None
+                self._requeue(job, culprit, status, detail, retried=False)
+                k -= len(job.calls)
+            return
+        for job in jobs:  # it died before starting: nobody to blame, unless it happens again
+            self._requeue(job, 0 if job.retried else None, status, detail, retried=True)
+
+    def _requeue(self, job: _Job, culprit: int | None, status: str, detail: str, retried: bool
+                 ) -> None:
+        if culprit is not None:
+            self._answer([(job, culprit, Verdict(0.0, None, False, status, detail=detail))])
         rest = [i for i in range(len(job.calls)) if i != culprit]
         if rest:
             job.request.add_chunk()
             again = _Job([job.calls[i] for i in rest], [job.where[i] for i in rest], job.request)
-            again.retried = culprit is None
+            again.retried = retried
             self._put(0, again)
 
     def _put(self, priority: int, job: _Job | None) -> None:
         self._jobs.put((priority, next(self._order), job))
 
-    def _answer(self, job: _Job, verdicts: dict[int, Verdict]) -> None:
+    def _answered(self, jobs: list[_Job], rows: list[list]) -> None:
+        """A whole message's verdicts, in order (per item only C-level work: tuple.__new__ builds
+        each Verdict, Counter counts (name, status) pairs)."""
+        start = 0
         seen: Counter = Counter()
-        for i, verdict in verdicts.items():
+        for job in jobs:
+            end = start + len(job.calls)
+            out, verdicts = job.request.out, [_tuple_new(Verdict, r) for r in rows[start:end]]
+            for w, v in zip(job.where, verdicts, strict=True):
+                out[w] = v
+            seen.update(zip([c[0] for c in job.calls], [v[3] for v in verdicts], strict=True))
+            start = end
+        self._count(seen)
+
+    def _answer(self, verdicts: list[tuple[_Job, int, Verdict]]) -> None:
+        seen: Counter = Counter()
+        for job, i, verdict in verdicts:
             job.request.out[job.where[i]] = verdict
             seen[job.calls[i][0], verdict.status] += 1
+        self._count(seen)
+
+    def _count(self, seen: Counter) -> None:
         with self._lock:
             for (name, status), n in seen.items():
                 self.counts[status] += n
@@ -325,46 +385,3 @@ class VerifierPool:
         with self._lock:  # a later submit starts afresh (a service that is stopped and started)
             self._ready = [threading.Event() for _ in range(self.n_workers)]
             self._closed = False
-
-
-# -- the worker process -------------------------------------------------------------------------
-
-
-def _load_plugins() -> None:
-    for name, path in json.loads(os.environ.get("BRADLEY_VERIFIER_PLUGINS") or "{}").items():
-        module, _, attr = path.partition(":")
-        VERIFIERS[name] = getattr(importlib.import_module(module), attr)
-
-
-def _warm_up() -> None:
-    """Import math-verify (sympy: seconds) before announcing readiness, so no call pays for it.
-    Its once-per-process warning that timeouts are off is expected here: the pool is the timeout."""
-    logging.getLogger("math_verify").setLevel(logging.ERROR)
-    try:
-        run_verifier("math", "\\boxed{1}", "1")
-    except Exception:
-        pass
-
-
-def worker_main() -> None:
-    # Our protocol owns the real stdout; anything a verifier prints goes to stderr instead.
-    out = os.fdopen(os.dup(1), "wb", buffering=0)
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    with open(os.environ["BRADLEY_VERIFIER_PROGRESS"], "r+b") as f:
-        progress = mmap.mmap(f.fileno(), PROGRESS.size)
-    _load_plugins()
-    _warm_up()
-    out.write(b'{"ready": true}\n')
-    for line in sys.stdin.buffer:
-        seq, calls = json.loads(line)
-        results = []
-        for index, (name, response, ground_truth, options) in enumerate(calls):
-            PROGRESS.pack_into(progress, 0, seq, index, time.monotonic())
-            v = run_verifier(name, response, ground_truth, options)
-            results.append([v.reward, v.correct, v.format_ok, v.status, v.extracted, v.detail])
-        out.write(json.dumps([seq, results]).encode() + b"\n")
-
-
-if __name__ == "__main__":
-    worker_main()

@@ -29,6 +29,7 @@ import asyncio
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from rm.verifiers import (
     DATA_SOURCES,
@@ -45,9 +46,8 @@ from service.payloads import PayloadError, check_text
 MAX_TESTS = 1000
 
 
-@dataclass(frozen=True)
-class Check:
-    """One item's verifier call."""
+class Check(NamedTuple):
+    """One item's verifier call (a NamedTuple: one is built per item of every request)."""
     verifier: str
     ground_truth: object
     options: dict | None = None
@@ -156,18 +156,34 @@ def parse_checks(items: list, limits, names: set[str], default: str,
                  where: str = "items[{i}]", truth_field: str = "{where}.ground_truth"
                  ) -> list[Check | None]:
     """Per item: its Check when it has ground truth (not null, not ""), else None. `where` and
-    `truth_field` shape the field names in errors (/get_reward reports `labels[3]`)."""
+    `truth_field` shape the field names in errors (/get_reward reports `labels[3]`); they are
+    formatted only for an item that needs its checks (a string ground truth within the size
+    limit does not). A verifier named by a string or a data source is resolved once per request."""
     checks: list[Check | None] = []
     checked: set[str] = set()  # verifier names already found available in this request
+    resolved: dict = {}  # (verifier, data_source) -> (name, None), for string or absent names
+    longest = limits.max_text_chars
     for i, item in enumerate(items):
-        if not isinstance(item, dict) or item.get("ground_truth") in (None, ""):
+        truth = item.get("ground_truth") if isinstance(item, dict) else None
+        if truth is None or truth == "":
             checks.append(None)
             continue
-        at = where.format(i=i)
-        truth = _ground_truth(item["ground_truth"], truth_field.format(where=at), limits)
-        name, options = _verifier(item, at, default, names, checked)
-        checks.append(Check(name, truth, options) if name is not None else None)
+        if type(truth) is not str or len(truth) > longest:
+            truth = _ground_truth(truth, truth_field.format(where=where.format(i=i)), limits)
+        spec, source = item.get("verifier"), item.get("data_source")
+        plain = type(spec) in _PLAIN and type(source) in _PLAIN  # hashable, nothing else decides
+        found = resolved.get((spec, source)) if plain else None
+        if found is None:
+            found = _verifier(item, where.format(i=i), default, names, checked)
+            if plain:
+                resolved[spec, source] = found
+        name, options = found
+        checks.append(_new(Check, (name, truth, options)) if name is not None else None)
     return checks
+
+
+_new = tuple.__new__  # builds a Check in C; Check(...) runs NamedTuple's Python-level __new__
+_PLAIN = (str, type(None))  # a verifier named by a string, or absent; a data source likewise
 
 
 def label_checks(value: dict, n: int, limits, names: set[str], default: str) -> list[Check | None]:
@@ -229,23 +245,22 @@ async def combine(svc, prompts: list, responses: list[str], checks: list[Check |
                   weights: dict[str, float] | None) -> Combined:
     """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently."""
     merged = {**svc.reward_weights, **(weights or {})}
-    per_item = [item_weights(merged, c.verifier if c else None) for c in checks]
-    needs_rm = any(w_rm != 0 for w_rm, _ in per_item)
+    by_name = {name: item_weights(merged, name) for name in {c and c.verifier for c in checks}}
+    per_item = [by_name[c and c.verifier] for c in checks]
+    needs_rm = any(w_rm != 0 for w_rm, _ in by_name.values())
     wants_rm = needs_rm or ("rm" in merged and svc.current is not None)
     calls = [(c.verifier, r, c.ground_truth, c.options)
              for c, r in zip(checks, responses, strict=True) if c is not None]
-    rm_task = svc.score(prompts, responses) if wants_rm else _no_rm()
     verify_task = svc.verifiers.averify(calls) if calls else _nothing()
-    (model, rm), verdicts = await asyncio.gather(rm_task, verify_task)
+    if wants_rm:
+        (model, rm), verdicts = await asyncio.gather(svc.score(prompts, responses), verify_task)
+    else:  # verifier-only: no second task to schedule
+        (model, rm), verdicts = (None, None), await verify_task
     it = iter(verdicts)
     per_verdict = [next(it) if c is not None else None for c in checks]
     rewards = [w_rm * (rm[i] if rm is not None else 0.0) + (w_v * v.reward if v else 0.0)
                for i, ((w_rm, w_v), v) in enumerate(zip(per_item, per_verdict, strict=True))]
     return Combined(rewards, model, rm, per_verdict, checks)
-
-
-async def _no_rm():
-    return None, None
 
 
 async def _nothing():

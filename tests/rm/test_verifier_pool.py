@@ -163,3 +163,67 @@ def test_a_worker_killed_between_calls_costs_nothing():
         verdicts = pool.verify([("gsm8k", "#### 10", 10, None), ("exact", "a", "a", None)])
         assert [v.status for v in verdicts] == ["ok", "ok"]
         assert pool.counts["error"] == 0 and pool.restarts == 1
+
+
+# -- one message per batch (issue 19's load check: IPC per message, not per call) ---------------
+
+
+def test_item_3_of_10_hangs_the_rest_are_scored_within_the_limit():
+    """Ten calls whose fourth hangs: it alone is `timeout`; the calls that shared its message (their
+    verdicts died with the killed worker) run again on the other worker while the killed one is
+    replaced, so everything is answered within the limit + 1 s."""
+    calls = [("gsm8k", f"#### {i}", 10, None) for i in range(10)]
+    calls[3] = ("sleepy", "x", None, {"seconds": 30})
+    with VerifierPool(workers=2, timeout_s=2.0, plugins=PLUGINS) as pool:
+        assert pool.wait_ready()
+        started = time.monotonic()
+        verdicts = pool.verify(calls)
+        elapsed = time.monotonic() - started
+        assert elapsed < 3.0, elapsed
+        assert [v.status for v in verdicts] == ["ok"] * 3 + ["timeout"] + ["ok"] * 6
+        assert [v.reward for v in verdicts] == pytest.approx([0.1] * 3 + [0.0] + [0.1] * 6)
+        assert "limit" in verdicts[3].detail
+        assert (pool.counts["timeout"], pool.counts["ok"], pool.restarts) == (1, 9, 1)
+
+
+def test_requests_queued_together_travel_as_one_message_and_a_hang_blames_one_call():
+    """Twelve requests submitted while the one worker is busy are sent as one message (fewer
+    messages than requests); the hung call of one of them is the only timeout, every other call of
+    every request in that message is scored, each request gets its own verdicts in order."""
+    with VerifierPool(workers=1, timeout_s=2.0, plugins=PLUGINS) as pool:
+        assert pool.wait_ready()
+        first = pool._workers[0]
+        busy = pool.submit([("sleepy", "b", None, {"seconds": 1.0})])
+        deadline = time.monotonic() + 10
+        while first.running(1) is None:  # message 1 (the busy call) has started
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        requests = [[("gsm8k", f"#### {r * 10 + i}", r * 10 + i, None) for i in range(5)]
+                    for r in range(12)]
+        requests[7][2] = ("sleepy", "x", None, {"seconds": 30})
+        futures = [pool.submit(calls) for calls in requests]
+        results = [f.result(timeout=10) for f in futures]
+        assert busy.result()[0].status == "ok"
+        for r, verdicts in enumerate(results):
+            want = ["timeout" if (r, i) == (7, 2) else "ok" for i in range(5)]
+            assert [v.status for v in verdicts] == want
+            assert [v.correct for v in verdicts] == [None if s == "timeout" else True for s in want]
+        # the first worker got two messages: the busy call, then all twelve requests at once
+        assert (first.seq, pool.restarts, pool._workers[0].seq) == (2, 1, 1)
+
+
+def test_a_message_larger_than_the_pipe_buffer_round_trips():
+    """Hundreds of kB each way (the pipe holds 64 kB): written whole, read whole, in order."""
+    long = "word " * 400
+    calls = [("exact", f"{i}{long}", f"{i + i % 2}{long}", None) for i in range(600)]
+    with VerifierPool(workers=2, timeout_s=5.0) as pool:
+        verdicts = pool.verify(calls)
+    assert [v.status for v in verdicts] == ["ok"] * 600
+    assert [v.correct for v in verdicts] == [i % 2 == 0 for i in range(600)]
+    assert [v.extracted[:3] for v in verdicts[:3]] == ["0wo", "1wo", "2wo"]
+
+
+def test_a_ground_truth_beyond_64_bits_travels_exactly():
+    with VerifierPool(workers=1, timeout_s=5.0) as pool:
+        [verdict] = pool.verify([("exact", str(10 ** 30), 10 ** 30, None)])
+    assert verdict.correct is True
