@@ -92,3 +92,13 @@ def wait_ready(proc, url: str, seconds: float, what: str):
         time.sleep(0.2)
     proc.kill()
     raise RuntimeError(f"{what} did not become ready")
+
+
+def stop(proc) -> None:
+    """End a server the bench started: SIGTERM (it drains), SIGKILL after 60 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

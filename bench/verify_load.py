@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post, wait_ready  # noqa: E402
+from bench.common import post, stop, wait_ready  # noqa: E402
 from service.ports import free_port  # noqa: E402
 
 CLIENTS = 64
@@ -190,8 +190,7 @@ def main() -> None:
             result["timeout_path"] = timeout_path(port, server.pid, sets["gsm8k"],
                                                   requests["gsm8k"], args.items)
         finally:
-            server.terminate()
-            server.wait(timeout=60)
+            stop(server)
     result["load_average_1m"] = os.getloadavg()[0]
     result["verify_ratio_vs_inprocess"] = result["gsm8k"]["verify_ratio_vs_inprocess"]
     result["errors"] = sum(result[k]["http_errors"] + result[k]["statuses"].get("error", 0)

@@ -143,8 +143,13 @@ def new_plan(kind: str, out: str | None, given: RunInputs) -> dict:
 
 
 def count_rows(rows) -> int:
-    """Rows in a list, an Arrow table, or a Parquet or Arrow IPC file."""
+    """Rows in a list, an Arrow table, or a Parquet or Arrow IPC file (a Parquet file's footer
+    only; an IPC file is memory-mapped, so reading it whole copies nothing)."""
     if isinstance(rows, str | Path):
+        if str(rows).endswith(".parquet"):
+            import pyarrow.parquet as pq
+
+            return pq.ParquetFile(rows).metadata.num_rows
         return _read_table(rows).num_rows
     return len(rows)
 

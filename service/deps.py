@@ -20,11 +20,12 @@ Who may do what (README "Who may see what"):
 - `Viewer`: /models (ids only without a key) and /metrics (key with BRADLEY_METRICS_REQUIRE_KEY).
 
     >>> slots = ClientSlots(limit=1)
-    >>> with slots.hold("10.0.0.7"):
-    ...     slots.hold("10.0.0.7").__enter__()
+    >>> release = slots.acquire("10.0.0.7")
+    >>> slots.acquire("10.0.0.7")
     Traceback (most recent call last):
     ...
     service.deps.TooManyRequests: 1 requests without a key are already running from 10.0.0.7 (limit 1, BRADLEY_ANON_MAX_CONCURRENT); wait for one to finish, or send a key
+    >>> release()
     >>> slots.in_flight
     {}
 """
@@ -32,8 +33,7 @@ Who may do what (README "Who may see what"):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -81,14 +81,6 @@ class ClientSlots:
                 self.in_flight[client] = left
 
         return release
-
-    @contextmanager
-    def hold(self, client: str) -> Iterator[None]:
-        release = self.acquire(client)
-        try:
-            yield
-        finally:
-            release()
 
 
 def _settings(request: Request):
