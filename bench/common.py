@@ -77,9 +77,23 @@ async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body:
     return status, payload, time.perf_counter() - started
 
 
+def spawn(argv: list[str], url: str, seconds: float, what: str, env: dict | None = None):
+    """Start a server the bench drives and wait until `url` answers 200 (`wait_ready`). Its
+    stdout and stderr go to a temporary file, whose tail the error quotes if it never gets ready:
+    on a machine the bench only reaches through a script (the GPU run), that is the only trace."""
+    import tempfile
+
+    log = tempfile.NamedTemporaryFile(prefix="bench-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})},
+                            stdout=log, stderr=subprocess.STDOUT)
+    log.close()
+    proc.log_path = log.name
+    return wait_ready(proc, url, seconds, what)
+
+
 def wait_ready(proc, url: str, seconds: float, what: str):
     """Poll `url` until it answers 200, then return `proc`; kill it and raise if it exits or
-    `seconds` pass first."""
+    `seconds` pass first (quoting the end of its log, when `spawn` kept one)."""
     import httpx
 
     deadline = time.monotonic() + seconds
@@ -91,14 +105,20 @@ def wait_ready(proc, url: str, seconds: float, what: str):
             pass
         time.sleep(0.2)
     proc.kill()
-    raise RuntimeError(f"{what} did not become ready")
+    proc.wait()
+    log = getattr(proc, "log_path", None)
+    tail = Path(log).read_text(errors="replace")[-3000:] if log else ""
+    state = f"exited {proc.returncode}" if time.monotonic() < deadline else f"{seconds:g} s passed"
+    raise RuntimeError(f"{what} did not become ready ({state})" + (f"; its log ends:\n{tail}" if tail else ""))
 
 
 def stop(proc) -> None:
-    """End a server the bench started: SIGTERM (it drains), SIGKILL after 60 s."""
+    """End a server the bench started: SIGTERM (it drains), SIGKILL after 60 s; its log goes."""
     proc.terminate()
     try:
         proc.wait(timeout=60)
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    if getattr(proc, "log_path", None):
+        Path(proc.log_path).unlink(missing_ok=True)

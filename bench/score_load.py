@@ -61,7 +61,7 @@ from starlette.requests import Request  # the naive server's handler annotation,
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post, stop, wait_ready  # noqa: E402
+from bench.common import post, spawn, stop  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
 
 CLIENTS = 64
@@ -145,9 +145,7 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
 
 
 def start(argv: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
-    proc = subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **(env or {})},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return wait_ready(proc, f"http://127.0.0.1:{port}/readyz", 180, f"server {argv[2:4]}")
+    return spawn(argv, f"http://127.0.0.1:{port}/readyz", 180, f"server {argv[2:4]}", env)
 
 
 def naive_server(model_dir: str, port: int) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post, stop, wait_ready  # noqa: E402
+from bench.common import post, spawn, stop  # noqa: E402
 from service.ports import free_port  # noqa: E402
 
 CLIENTS = 64
@@ -152,10 +152,8 @@ def bodies_of(items: list[dict], requests: int, per_request: int) -> list[bytes]
 def start_server(port: int, db: str) -> subprocess.Popen:
 
     env = {**os.environ, "BRADLEY_VERIFIER_WORKERS": "2", "BRADLEY_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "service.cli", "--db", db, "serve", "--port",
-                             str(port)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    return wait_ready(proc, f"http://127.0.0.1:{port}/healthz", 120, "bradley serve")
+    argv = [sys.executable, "-m", "service.cli", "--db", db, "serve", "--port", str(port)]
+    return spawn(argv, f"http://127.0.0.1:{port}/healthz", 120, "bradley serve", env)
 
 
 def metric(port: int, prefix: str) -> float:

@@ -48,7 +48,7 @@ class PolicyRunConfig(RunConfig):
     """A policy run: the shared settings (rm/run.py: RunConfig, with the loop's TrainConfig as
     `train`) and the objective with its hyper-parameters (`objective`, rm/objectives.py: PoConfig).
     Each batch of `train.batch_size` pairs is cut into micro-batches of at most
-    MICRO_BATCH_TOKENS padded tokens, with accumulated gradients (`micro_split`)."""
+    `micro_batch_tokens(device)` padded tokens, with accumulated gradients (`micro_split`)."""
 
     objective: PoConfig = field(default_factory=PoConfig)
 
@@ -127,7 +127,8 @@ def _reference(config: PolicyRunConfig, model, tokenizer, data, cache, device, i
         values, computed = reference_logps(
             model, data.sequences, tokenizer.pad_token_id, cache=cache,
             model_hash=weights_hash(model), template=template_hash(tokenizer, length),
-            max_tokens=forward_tokens(size, length, data.paired), device=device, progress=True)
+            max_tokens=forward_tokens(size, length, data.paired, micro_batch_tokens(device)),
+            device=device, progress=True)
         ref = {"values": values, "computed": computed}
     ref = devices.broadcast_json(ref, info, device)
     data.stats.update(ref_computed=ref["computed"], ref_cached=len(ref["values"]) - ref["computed"],
@@ -136,11 +137,27 @@ def _reference(config: PolicyRunConfig, model, tokenizer, data, cache, device, i
 
 
 MICRO_BATCH_TOKENS = 2048
+# A GPU is launch-bound on small forwards: on the H200, DPO on the 135M shape at 8 pairs × 1024
+# tokens cut into 2,048-token micro-batches ran 0.83 s a step (MFU 0.026; bench/gpu/run.sh)
+CUDA_MICRO_BATCH_TOKENS = 16384
 
 
-def micro_split(batch_size: int, max_length: int, paired: bool = True) -> int:
+def micro_batch_tokens(device) -> int:
+    """The padded tokens one training forward may hold on `device`: MICRO_BATCH_TOKENS on a CPU
+    (memory), at least CUDA_MICRO_BATCH_TOKENS on a GPU (kernel launches).
+
+    >>> micro_batch_tokens(torch.device("cpu")), micro_batch_tokens(torch.device("cuda", 0))
+    (2048, 16384)
+    """
+    if torch.device(device).type == "cuda":
+        return max(MICRO_BATCH_TOKENS, CUDA_MICRO_BATCH_TOKENS)
+    return MICRO_BATCH_TOKENS
+
+
+def micro_split(batch_size: int, max_length: int, paired: bool = True,
+                budget: int | None = None) -> int:
     """Into how many micro-batches each batch of pairs is cut so that a forward holds at most
-    MICRO_BATCH_TOKENS padded tokens (chosen and rejected rows both count).
+    `budget` padded tokens (chosen and rejected rows both count; default MICRO_BATCH_TOKENS).
 
     Activation memory follows the padded tokens of one forward; the paired losses are means of
     per-pair terms, so the gradient accumulated over equal parts is the whole batch's — the same
@@ -153,13 +170,14 @@ def micro_split(batch_size: int, max_length: int, paired: bool = True) -> int:
     >>> micro_split(8, 256), micro_split(8, 128), micro_split(8, 400), micro_split(8, 256, False)
     (2, 1, 4, 1)
     """
-    need = -(-2 * batch_size * max_length // MICRO_BATCH_TOKENS)
+    need = -(-2 * batch_size * max_length // (budget or MICRO_BATCH_TOKENS))
     if not paired or need <= 1:
         return 1
     return next(d for d in range(need, batch_size + 1) if batch_size % d == 0)
 
 
-def forward_tokens(batch_size: int, max_length: int, paired: bool = True) -> int:
+def forward_tokens(batch_size: int, max_length: int, paired: bool = True,
+                   budget: int | None = None) -> int:
     """Padded tokens of one training forward at most: a micro-batch's rows (chosen and rejected, or
     completion and KL row) × max_length. The reference pass takes batches of the same size, so it
     never needs more memory than a training step (it keeps no activations) and is no slower for it.
@@ -167,7 +185,7 @@ def forward_tokens(batch_size: int, max_length: int, paired: bool = True) -> int
     >>> forward_tokens(8, 256), forward_tokens(1, 256), forward_tokens(8, 256, paired=False)
     (2048, 512, 4096)
     """
-    return 2 * batch_size // micro_split(batch_size, max_length, paired) * max_length
+    return 2 * batch_size // micro_split(batch_size, max_length, paired, budget) * max_length
 
 
 def _train(config: PolicyRunConfig, plan, model, tokenizer, data, ref, device, info):
@@ -179,7 +197,9 @@ def _train(config: PolicyRunConfig, plan, model, tokenizer, data, ref, device, i
     train_idx, val_idx = data.split(config.val_fraction)
     groups = po_data.batches(data, train_idx, user.batch_size, user.seed, info.rank, info.world_size)
     # a ragged last batch is cut into no more parts than it has pairs (sizes repeat every epoch)
-    split = min([micro_split(user.batch_size, config.max_length, data.paired)] + [len(g) for g in groups])
+    budget = micro_batch_tokens(device)
+    split = min([micro_split(user.batch_size, config.max_length, data.paired, budget)] +
+                [len(g) for g in groups])
     loop = replace(user, lr=config.lr(), grad_accum=user.grad_accum * split)
     record = {"model_id": plan["model_id"], "kind": config.objective.loss,
               "base_model": config.base_model, "snapshot_id": plan["snapshot_id"],

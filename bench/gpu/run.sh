@@ -31,6 +31,8 @@ else
   SCORE=(--device cuda)
   LIMIT=(timeout)   # the 8-minute plan: training 280 s, serving 180 s at most
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
+  # fail in seconds, not after the training, when the server's imports are not all there
+  "$PY" -c "import duckdb, fastapi, httptools, orjson, uvicorn, service.app, service.cli"
 fi
 
 started=$SECONDS

@@ -5,9 +5,9 @@ OUT/<name>.json, one JSON line per objective: tokens/s and MFU.
 
 Every text is longer than --max-length, so every sequence is cut to exactly max_length tokens (the
 JSON line checks the truncation counts): a step of B pairs runs 2·B·T tokens, no padding. Each
-objective is trained twice through the real CLI (in this process), for n and 3n optimizer steps; the
-step time is the difference of the two runs' train_seconds over the 2n extra steps, which cancels
-start-up, CUDA warm-up and the final validation.
+objective is trained three times through the real CLI (in this process): a discarded warm-up run, then
+n and 3n optimizer steps; the step time is the difference of the last two runs' train_seconds over
+the 2n extra steps, which cancels start-up and the final validation.
 
 Model FLOPs per step follow PaLM (Chowdhery et al. 2022, appendix B): 6·N + 12·L·d·T per token for
 the forward and backward, N the parameters that take part in matrix products (embeddings are
@@ -128,6 +128,10 @@ def flops_per_token(shape: dict, seq_len: int, causal_head: bool) -> float:
 
 def measure(name: str, argv: list[str], steps: int, tokens_per_step: int, flops_per_step: float,
             device: str, work: Path) -> dict:
+    # a discarded first run takes CUDA's one-time costs (kernel loading, cuBLAS handles, the
+    # allocator's first blocks), which would otherwise land in the n run alone and shrink the
+    # difference: without it the RM's step time came out at 18.5 ms, an impossible MFU of 1.9
+    cli([*argv, "--steps", str(steps), "--out", str(work / f"{name}-warmup")])
     runs = []
     for n in (steps, 3 * steps):
         if device == "cuda":

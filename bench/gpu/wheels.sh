@@ -6,15 +6,18 @@
 #
 # The GPU machine (see the device notes: an H200, Python 3.12, torch, transformers, tokenizers,
 # safetensors, pyarrow, numpy, httpx, prometheus-client, PyYAML already there, nothing reachable)
-# lacks the store, the HTTP stack and the agreement statistics. Versions are those of this checkout's
-# .venv, so the GPU run uses what the tests here ran; without a .venv, pip's newest.
+# lacks the store, the HTTP stack (with orjson and httptools; fastapi 0.165 requires
+# opentelemetry-api, pydantic 2.14 typing-extensions>=4.16, which the image may predate) and the
+# agreement statistics. Versions are those of this checkout's .venv, so the GPU run uses what the
+# tests here ran; without a .venv, pip's newest.
 #
 #   bench/gpu/wheels.sh          then   bench/gpu/run.sh   (there)
 set -euo pipefail
 cd "$(dirname "$0")"
 DEST=carry/wheels
 PACKAGES=(duckdb fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv
-          annotated-types typing-inspection annotated-doc krippendorff)
+          annotated-types typing-inspection annotated-doc krippendorff orjson httptools
+          opentelemetry-api typing-extensions anyio)
 PY=../../.venv/bin/python
 mkdir -p "$DEST"
 specs=()
