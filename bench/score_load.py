@@ -133,6 +133,8 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
     seconds = time.perf_counter() - started
     server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, own_cpu_seconds() - client_cpu
     latencies.sort()
+    print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr,
+          flush=True)
     pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
     return {"requests": requests, "items_per_s": round(requests * per_request / seconds, 1),
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
@@ -220,7 +222,10 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
         for forward in forwards:
             model.score_encoded([ids[i] for i in forward])
         done += len(ids)
-    return done / (time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    print(f"score_load: offline {done} items (rows {rows}) in {seconds:.1f} s", file=sys.stderr,
+          flush=True)
+    return done / seconds
 
 
 def served(folder: str, items: list, n: dict, env: dict) -> dict:

@@ -166,6 +166,8 @@ def main() -> None:
     parser.add_argument("--out", required=True, help="folder for the JSON lines (and the models)")
     parser.add_argument("--work", default=None, help="scratch folder (default OUT/work)")
     parser.add_argument("--smoke", action="store_true", help="tiny shape on CPU, seconds")
+    parser.add_argument("--serve-only", action="store_true",
+                        help="only train the reward model bench/score_load.py serves (n steps)")
     args = parser.parse_args()
     shape, n_pairs, seq, (rm_batch, dpo_batch), steps, device = PLANS["smoke" if args.smoke else "gpu"]
     out = Path(args.out)
@@ -180,6 +182,11 @@ def main() -> None:
     common = ["--db", db, "train"]
     flags = ["--base-model", base, "--device", device, "--max-length", str(seq),
              "--val-fraction", "0.05", "--eval-every", "100000", "--lr", "1e-5"]
+    if args.serve_only:  # a 135M reward model for bench/score_load.py, and no measurements
+        line = json.loads(cli([*common, "rm", *flags, "--batch-size", str(rm_batch), "--steps",
+                               str(steps), "--out", str(work / "rm_serve")]))
+        (work / "rm_path.txt").write_text(line["path"])
+        return
     results = {}
     rm_tokens = 2 * rm_batch * seq
     results["rm_train"] = measure("rm_train", [*common, "rm", *flags, "--batch-size", str(rm_batch)],
