@@ -42,6 +42,11 @@ SMALL_REQUEST_CHARS = 16_384
 # forward dispatch share one interpreter), so fewer, fuller forwards pay: 449 items/s with 0, 593
 # with 0.2. Unbounded padding costs the 5M model a third. A GPU wants big batches, padding is cheap.
 AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
+# Padded tokens per forward when BRADLEY_MAX_BATCH_TOKENS is unset. On the H200 (bench/gpu/run.sh) a
+# forward of the 30-layer 135M model took 31 ms for 1 row and 36 ms for 64 rows of 300 tokens
+# (bf16; kernel launches, not arithmetic): 4,096-token forwards capped the offline rate at 198
+# items/s, where 64-row ones reach ~1,800. On a CPU the cost follows the tokens.
+AUTO_BATCH_TOKENS = {"cpu": 16384, "cuda": 65536}
 
 
 class NotReady(ValueError):
@@ -91,7 +96,8 @@ class Service:
                           for lane in ("small", "large")}
         # small /score requests: many per tokenizer call (issue 20), the large lane one by one
         self._batched_encoder = EncodeQueue("bradley-tokenize-batched")
-        self.batcher = Batcher(settings.max_batch_tokens, settings.max_batch_items,
+        self.batcher = Batcher(settings.max_batch_tokens or AUTO_BATCH_TOKENS["cpu"],
+                               settings.max_batch_items,
                                settings.max_wait_ms / 1000, settings.max_queue_items,
                                on_forward=self.metrics.on_forward)
         self.metrics.queue_items.set_function(lambda: self.batcher.queued_items)
@@ -162,8 +168,9 @@ class Service:
 
     def _install(self, loaded: LoadedModel) -> None:
         device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")
-        padding = self.settings.max_padding
+        padding, tokens = self.settings.max_padding, self.settings.max_batch_tokens
         self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
+        self.batcher.max_batch_tokens = tokens or AUTO_BATCH_TOKENS.get(device, 65536)
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
         self.metrics.on_model(loaded.id)
         log.info("serving model %s from %s", loaded.id, loaded.path)

@@ -37,7 +37,9 @@ class Settings(BaseSettings):
     api_keys: Annotated[tuple[str, ...], NoDecode] = ()
     score_requires_key: bool = False
     read_only: bool = False
-    max_batch_tokens: int = Field(16384, ge=1)   # padded tokens per forward (rows x longest row)
+    # padded tokens per forward (rows x longest row); unset: 16384 on CPU, 65536 on GPU
+    # (service/runtime.py: AUTO_BATCH_TOKENS)
+    max_batch_tokens: int | None = Field(None, ge=1)
     max_batch_items: int = Field(256, ge=1)
     # padded tokens allowed per real token in one forward; unset: 0.1 on CPU, 1.0 on GPU
     # (service/runtime.py: AUTO_PADDING, where the measurements behind them are)

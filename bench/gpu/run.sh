@@ -31,7 +31,7 @@ else
   export PYTHONPATH="$WORK/site:$PWD" BRADLEY_SHARED_DATA="${BRADLEY_SHARED_DATA:-$PWD/$CARRY/data}"
   PY=python3
   # scale 0.3: 6,000 single-sample requests, 900 for the one-forward-per-request server (each a
-  # ~12 ms forward of the 30-layer model): the serving part fits its 180 s
+  # 31 ms forward of the 30-layer model there): the serving part fits its 180 s
   SCORE=(--device cuda --scale 0.3 --offline-seconds 4)
   LIMIT=(timeout)   # the 8-minute plan: training 280 s, serving 180 s at most
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true

@@ -77,6 +77,23 @@ def test_scores_do_not_depend_on_batch_mates(live, http, hh_items, offline):
     assert live.service.batcher.stats["forwards"] < live.service.batcher.stats["items"]
 
 
+def test_forward_budgets_follow_the_device_unless_set(live):
+    from service.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING
+
+    assert (AUTO_BATCH_TOKENS, AUTO_PADDING) == ({"cpu": 16384, "cuda": 65536}, {"cpu": 0.1, "cuda": 1.0})
+    batcher, service = live.service.batcher, live.service
+    assert (batcher.max_batch_tokens, batcher.max_padding) == (16384, 0.1)  # a CPU model, unset
+    settings = service.settings
+    try:
+        service.settings = settings.model_copy(update={"max_batch_tokens": 512, "max_padding": 0.5})
+        service._install(service.current)
+        assert (batcher.max_batch_tokens, batcher.max_padding) == (512, 0.5)
+    finally:
+        service.settings = settings
+        service._install(service.current)
+    assert batcher.max_batch_tokens == 16384
+
+
 def test_auth_401_without_key_403_with_wrong_key(http):
     r = http.post("/judgments", json={"prompt": "p"})
     assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
