@@ -116,11 +116,16 @@ def prometheus(served, tmp_path_factory):
 
 
 def traffic(target: str) -> None:
-    """Scores, one upload with a good and a bad row, and a 404."""
+    """Scores, one GRPO group checked by the gsm8k verifier, one upload with a good and a bad row,
+    and a 404."""
     url = f"http://{target}"
     for i in range(5):
         body = {"items": [{"prompt": TEXTS[i], "response": TEXTS[i + k][:20 + 9 * k]} for k in range(4)]}
         assert httpx.post(f"{url}/score", json=body, timeout=30).status_code == 200
+    group = [{"prompt": "3 + 7 apples?", "response": r, "ground_truth": 10, "verifier": "gsm8k"}
+             for r in ("#### 10", "#### 7", "3+7 = 10\n#### 10", "ten")]
+    graded = httpx.post(f"{url}/score", json={"items": group, "group_size": 4}, timeout=30)
+    assert graded.status_code == 200 and graded.json()["correct"] == [True, False, True, False], graded.text
     prompt = f"upload {next(UPLOADS)}"   # a new batch each time (the same content is a no-op)
     rows = [{"prompt": prompt, "response_a": "x", "response_b": "yy", "winner": "a", "rater": "human:1"},
             {"prompt": prompt, "response_a": "x", "response_b": "yy", "winner": "maybe",
