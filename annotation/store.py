@@ -369,8 +369,9 @@ def _translate_io_error(path: str, exc: Exception) -> StoreError:
         pid = match.group(1)
         return StoreLockedError(
             f"{path} is locked by another process (PID {pid}{_process_name(pid)}); DuckDB allows one "
-            f"writer: stop that process, or send the work to it over HTTP (POST /judgments, /pairs or "
-            f"/feedback for uploads, GET /reports/latest for a report) if it is `bradley serve`")
+            f"writer: stop that process, or, if it is `bradley serve`, send the work to it: `bradley "
+            f"--server URL ingest FILE`, or over HTTP (POST /judgments, /pairs or /feedback for "
+            f"uploads, GET /reports/latest for a report)")
     return StoreError(f"cannot open {path}: {message}")
 
 

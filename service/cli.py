@@ -56,6 +56,11 @@ def _add_ingest(sub) -> None:
 def cmd_ingest(args) -> int:
     from annotation.ingest import IngestError, ingest_file
 
+    if args.server:
+        from service import cli_server
+
+        return cli_server.ingest(args)
+
     status = 0
     with _open_store(args) as store:
         for path in args.files:
@@ -201,6 +206,7 @@ def cmd_demo(args) -> int:
     return demo.run(args.workdir, db=args.db, seed=args.seed)
 
 
+SERVER_COMMANDS = ("ingest",)  # what `--server URL` can send to a running `bradley serve`
 COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "ingest": (_add_ingest, cmd_ingest),
     "export": (_add_export, cmd_export),
@@ -224,6 +230,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "Bradley-Terry reward model or a policy, and serve scores over HTTP.")
     parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
                         help="DuckDB store (env BRADLEY_DB; default bradley.duckdb)")
+    parser.add_argument("--server", default=None, metavar="URL",
+                        help="ingest through this running `bradley serve`, which owns the store's "
+                             "writer (write key from env BRADLEY_API_KEY)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)
@@ -233,6 +242,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = COMMANDS[args.command][1]
+    if args.server and args.command not in SERVER_COMMANDS:
+        print(f"bradley {args.command}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
+              f"the server's other routes are listed in the README (HTTP API)", file=sys.stderr)
+        return EXIT_ERROR
     try:
         return handler(args) or 0
     except Unavailable as exc:

@@ -1,0 +1,134 @@
+"""`bradley --server URL ingest FILE…`: ingest through a running `bradley serve`, which owns the
+store's one DuckDB writer (DESIGN.md: a CLI command either opens the file or goes through the server).
+
+Rows are read and checked here with the same parsers as a direct ingest (annotation/formats.py), then
+posted to the upload route of their format: judgments → POST /judgments, trl and hh → POST /pairs
+(an hh transcript pair is split into prompt, chosen and rejected first, as a direct ingest does),
+kto → POST /feedback. Label Studio exports go through `bradley label-studio` or the webhook.
+
+Atomicity: with `--on-error abort` (the default) every row is checked before anything is sent, so a
+bad row anywhere sends nothing and its error names FILE:LINE and the field. A file larger than one
+request body is sent as several uploads of at most UPLOAD_BYTES each, and each upload is its own
+batch: if the connection fails half-way, the uploads already made stay, and running the same command
+again sends identical uploads, which the server answers as duplicates (no-ops), then the rest.
+The write key comes from BRADLEY_API_KEY.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.error
+
+from annotation import formats
+from annotation.readers import ReadError, open_parts
+from service.client import ClientError, ScoreClient
+
+ROUTES = {"judgments": "judgments", "trl": "pairs", "hh": "pairs", "kto": "feedback"}
+UPLOAD_BYTES = 4 * 1024 * 1024  # half the server's default BRADLEY_MAX_BODY_BYTES
+
+
+class Refused(ValueError):
+    """Rows that cannot be sent; `errors` has one FILE:LINE: field: problem line per bad row."""
+
+    def __init__(self, errors: list[str]):
+        super().__init__(errors[0] if errors else "nothing to send")
+        self.errors = errors
+
+
+def ingest(args) -> int:
+    key = os.environ.get("BRADLEY_API_KEY")
+    status = 0
+    with ScoreClient(args.server, api_key=key, retries=2) as client:
+        for path in args.files:
+            try:
+                route, rows = read_rows(path, args.format, args.on_error)
+                print(send(client, path, route, rows, args.on_error), flush=True)
+            except Refused as exc:
+                print("\n".join(exc.errors), file=sys.stderr)
+                print(f"{path}: nothing sent", file=sys.stderr, flush=True)
+                status = 1
+            except ClientError as exc:
+                where = f" (field {exc.field})" if exc.field else ""
+                raise ValueError(f"{path}: the server refused the upload: {exc}{where}") from None
+            except (urllib.error.URLError, ConnectionError) as exc:
+                raise OSError(f"cannot reach {args.server}: {exc}") from None
+    return status
+
+
+def read_rows(path: str, fmt: str, on_error: str) -> tuple[str, list[dict]]:
+    """(route, rows to post) for one file; raises Refused with every bad row when aborting."""
+    if fmt in ("label-studio", "hf"):
+        raise ValueError(f"--server uploads judgments, trl, hh and kto rows, not --format {fmt}; "
+                         "use `bradley label-studio` for a project, or ingest without --server")
+    try:
+        records = [r for part in open_parts(path) for r in part.records()]
+    except ReadError as exc:
+        raise Refused([str(exc)]) from None
+    rows, errors, fmt = [], [], _format(path, fmt, records)
+    if fmt not in ROUTES:
+        raise ValueError(f"{path}: --server uploads judgments, trl, hh and kto rows; this file reads "
+                         f"as {fmt}: use `bradley label-studio`, or ingest without --server")
+    for record in records:
+        problem = record.problem or _problem(fmt, record.value, record.line)
+        if problem:
+            errors.append(f"{path}:{record.line}: {problem}")
+            # sent as it is (a row that did not parse, as its text): the server puts it in rejects
+            rows.append(record.raw if record.value is None else record.value)
+        else:
+            rows.append(_as_pair(record.value) if fmt == "hh" else record.value)
+    if errors and on_error == "abort":
+        raise Refused(errors)
+    return ROUTES[fmt], rows
+
+
+def _format(path: str, fmt: str, records: list) -> str:
+    if fmt != "auto":
+        return fmt
+    first = next((r.value for r in records if r.value is not None), None)
+    if first is None:
+        raise Refused([f"{path}: no rows"])
+    return formats.detect_format(first.keys())
+
+
+def _problem(fmt: str, row: dict, line: int) -> str | None:
+    bad = [item for item in formats.normalize(fmt, row, line) if isinstance(item, formats.RowError)]
+    return str(bad[0]) if bad else None
+
+
+def _as_pair(row: dict) -> dict:
+    prompt, chosen, rejected = formats.split_transcripts(row["chosen"], row["rejected"])
+    return {**row, "prompt": prompt, "chosen": chosen, "rejected": rejected}
+
+
+def send(client: ScoreClient, path: str, route: str, rows: list, on_error: str) -> str:
+    """Post `rows` in uploads of at most UPLOAD_BYTES; a one-line summary of what the server wrote."""
+    totals = {"rows_ok": 0, "rows_rejected": 0, "duplicate": 0}
+    batches = []
+    for upload in chunks(rows, UPLOAD_BYTES):
+        result = client.request("POST", f"/{route}?on_error={on_error}", upload)
+        totals["rows_ok"] += result.get("rows_ok") or 0
+        totals["rows_rejected"] += result.get("rows_rejected") or 0
+        totals["duplicate"] += bool(result.get("duplicate"))
+        batches.append(result.get("batch_id"))
+    return (f"{path}: {len(rows)} rows in {len(batches)} upload(s) to {client.url}/{route}: "
+            f"{totals['rows_ok']} ok, {totals['rows_rejected']} rejected, "
+            f"{totals['duplicate']} already there; batches {', '.join(map(str, batches))}")
+
+
+def chunks(rows: list, limit: int) -> list[list]:
+    """Consecutive runs of rows whose JSON stays under `limit` bytes (a longer row goes alone).
+
+    >>> [len(c) for c in chunks([{"a": "x" * 10}] * 5, 50)]   # 2 + 20 bytes a row
+    [2, 2, 1]
+    """
+    out, current, size = [], [], 2
+    for row in rows:
+        n = len(json.dumps(row).encode()) + 1  # ScoreClient's encoding (ASCII escapes)
+        if current and size + n > limit:
+            out.append(current)
+            current, size = [], 2
+        current.append(row)
+        size += n
+    return out + ([current] if current else [])
