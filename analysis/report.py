@@ -324,11 +324,17 @@ def run(db, raters=None, snapshot_id=None, html=None, json_out=None, fail_on=Non
         raise ReportError(f"no store at {db}; ingest data first (`bradley --db {db} ingest FILE`)")
     with Store(db) as store:
         report = build_report(store, raters=raters, snapshot_id=snapshot_id)
+    return finish(report, lambda: render_html(report), html, json_out, fail_on)
+
+
+def finish(report: dict, page, html=None, json_out=None, fail_on=None) -> int:
+    """Write what was asked (`page()` renders the HTML), print the summary; 3 when a --fail-on rule
+    is crossed. `bradley --server URL report` calls it with the server's report and page."""
     crossed = check_fail_on(report, fail_on) if fail_on else []
     if json_out:
         _write_atomically(json_out, json.dumps(report, indent=1, default=str))
     if html:
-        _write_atomically(html, render_html(report))
+        _write_atomically(html, page())
     print(summary_text(report), flush=True)
     for line in crossed:
         print(f"fail-on: {line}", flush=True)

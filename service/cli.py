@@ -147,6 +147,11 @@ def _add_report(sub) -> None:
 def cmd_report(args) -> int:
     from analysis import report
 
+    if args.server:
+        from service import cli_server
+
+        return cli_server.report(args)
+
     return report.run(args.db, raters=args.raters, snapshot_id=args.snapshot, html=args.html,
                       json_out=args.json, fail_on=args.fail_on)
 
@@ -206,7 +211,7 @@ def cmd_demo(args) -> int:
     return demo.run(args.workdir, db=args.db, seed=args.seed)
 
 
-SERVER_COMMANDS = ("ingest",)  # what `--server URL` can send to a running `bradley serve`
+SERVER_COMMANDS = ("ingest", "report")  # what `--server URL` can send to a running `bradley serve`
 COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "ingest": (_add_ingest, cmd_ingest),
     "export": (_add_export, cmd_export),
@@ -231,8 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
                         help="DuckDB store (env BRADLEY_DB; default bradley.duckdb)")
     parser.add_argument("--server", default=None, metavar="URL",
-                        help="ingest through this running `bradley serve`, which owns the store's "
-                             "writer (write key from env BRADLEY_API_KEY)")
+                        help="ingest or report through this running `bradley serve`, which owns "
+                             "the store's writer (key from env BRADLEY_API_KEY)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)

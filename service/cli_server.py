@@ -1,5 +1,6 @@
-"""`bradley --server URL ingest FILE…`: ingest through a running `bradley serve`, which owns the
-store's one DuckDB writer (DESIGN.md: a CLI command either opens the file or goes through the server).
+"""`bradley --server URL ingest FILE…` and `bradley --server URL report`: work through a running
+`bradley serve`, which owns the store's one DuckDB writer (DESIGN.md: a CLI command either opens the
+file or goes through the server). The key comes from BRADLEY_API_KEY.
 
 Rows are read and checked here with the same parsers as a direct ingest (annotation/formats.py), then
 posted to the upload route of their format: judgments → POST /judgments, trl and hh → POST /pairs
@@ -11,15 +12,16 @@ bad row anywhere sends nothing and its error names FILE:LINE and the field. A fi
 request body is sent as several uploads of at most UPLOAD_BYTES each, and each upload is its own
 batch: if the connection fails half-way, the uploads already made stay, and running the same command
 again sends identical uploads, which the server answers as duplicates (no-ops), then the rest.
-The write key comes from BRADLEY_API_KEY.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import urllib.error
+import urllib.parse
 
 from annotation import formats
 from annotation.readers import ReadError, open_parts
@@ -37,24 +39,48 @@ class Refused(ValueError):
         self.errors = errors
 
 
+@contextlib.contextmanager
+def server(url: str, what: str):
+    """A client with the write key; the server's refusals and an unreachable server become the
+    ValueError / OSError the CLI prints as one line."""
+    try:
+        with ScoreClient(url, api_key=os.environ.get("BRADLEY_API_KEY"), retries=2) as client:
+            yield client
+    except ClientError as exc:
+        where = f" (field {exc.field})" if exc.field else ""
+        raise ValueError(f"{what}: the server refused it: {exc}{where}") from None
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise OSError(f"cannot reach {url}: {exc}") from None
+
+
 def ingest(args) -> int:
-    key = os.environ.get("BRADLEY_API_KEY")
     status = 0
-    with ScoreClient(args.server, api_key=key, retries=2) as client:
-        for path in args.files:
+    for path in args.files:
+        with server(args.server, path) as client:
             try:
                 route, rows = read_rows(path, args.format, args.on_error)
-                print(send(client, path, route, rows, args.on_error), flush=True)
             except Refused as exc:
                 print("\n".join(exc.errors), file=sys.stderr)
                 print(f"{path}: nothing sent", file=sys.stderr, flush=True)
                 status = 1
-            except ClientError as exc:
-                where = f" (field {exc.field})" if exc.field else ""
-                raise ValueError(f"{path}: the server refused the upload: {exc}{where}") from None
-            except (urllib.error.URLError, ConnectionError) as exc:
-                raise OSError(f"cannot reach {args.server}: {exc}") from None
+                continue
+            print(send(client, path, route, rows, args.on_error), flush=True)
     return status
+
+
+def report(args) -> int:
+    """The server's report of its store (GET /reports/{snapshot or latest}.json, and .html for
+    --html), written and summarised as `bradley report` does."""
+    from analysis import report as reports
+
+    if args.fail_on:
+        reports.parse_rules(args.fail_on)  # bad rules fail before any request
+    name = urllib.parse.quote(args.snapshot or "latest", safe="")
+    query = "?" + urllib.parse.urlencode({"raters": args.raters}) if args.raters else ""
+    with server(args.server, "report") as client:
+        data = client.request("GET", f"/reports/{name}.json{query}")
+        page = lambda: client.request("GET", f"/reports/{name}.html{query}", raw=True).decode()  # noqa: E731
+        return reports.finish(data, page, args.html, args.json, args.fail_on)
 
 
 def read_rows(path: str, fmt: str, on_error: str) -> tuple[str, list[dict]]:

@@ -110,15 +110,16 @@ class ScoreClient:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
-    def request(self, method: str, path: str, json_body=None) -> dict:
+    def request(self, method: str, path: str, json_body=None, raw: bool = False):
+        """The decoded JSON answer (`raw=True`: its bytes); a 4xx raises ClientError."""
         body = None if json_body is None else json.dumps(json_body).encode("utf-8")
         for attempt in range(self.retries + 1):
             try:
-                status, raw = self._once(method, path, body, self.timeout)
+                status, content = self._once(method, path, body, self.timeout)
                 if status not in RETRY_STATUSES or attempt == self.retries:
                     if status >= 400:
-                        raise _error(status, raw)
-                    return json.loads(raw)
+                        raise _error(status, content)
+                    return content if raw else json.loads(content)
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 if attempt == self.retries:
                     raise

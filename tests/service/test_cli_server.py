@@ -102,11 +102,25 @@ def test_refusals_are_clear_errors(live, tmp_path, capsys, monkeypatch):
     path = _trl_file(tmp_path, 2, "refused")
     monkeypatch.delenv("BRADLEY_API_KEY", raising=False)
     assert main(["--server", live.url, "ingest", str(path)]) == 1
-    assert "the server refused the upload" in capsys.readouterr().err   # 401: no key
+    assert "the server refused it: HTTP 401" in capsys.readouterr().err   # no key
     monkeypatch.setenv("BRADLEY_API_KEY", API_KEY)
     assert main(["--server", live.url, "ingest", str(path), "--format", "label-studio"]) == 1
     assert "not --format label-studio" in capsys.readouterr().err
-    assert main(["--server", live.url, "report", "--json", str(tmp_path / "r.json")]) == 1
-    assert "--server works with ingest" in capsys.readouterr().err
+    assert main(["--server", live.url, "export", "--format", "trl", str(tmp_path / "o")]) == 1
+    assert "--server works with ingest, report" in capsys.readouterr().err
     assert main(["--server", "http://127.0.0.1:9", "ingest", str(path)]) == 1
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
+
+
+def test_report_through_the_server(live, keyed, tmp_path, capsys):
+    assert main(["--server", live.url, "ingest", str(_trl_file(tmp_path, 5, "report"))]) == 0
+    out_json, out_html = tmp_path / "r.json", tmp_path / "r.html"
+    assert main(["--server", live.url, "report", "--json", str(out_json), "--html", str(out_html),
+                 "--fail-on", "n_judgments>0"]) == 3   # the rule is crossed: exit 3, as locally
+    printed = capsys.readouterr().out
+    report = json.loads(out_json.read_text())
+    assert report["n_judgments"] == _counts(live)["judgments"] > 0
+    assert f"{report['n_judgments']:,} judgments" in printed and "fail-on: n_judgments" in printed
+    assert "<html" in out_html.read_text()[:500].lower()
+    assert main(["--server", live.url, "report", "--snapshot", "no-such-snapshot"]) == 1
+    assert "HTTP 404" in capsys.readouterr().err
