@@ -2,8 +2,8 @@
 `bradley serve`, which owns the store's one DuckDB writer (DESIGN.md: a CLI command either opens the
 file or goes through the server). The key comes from BRADLEY_API_KEY.
 
-Rows are read and checked here with the same parsers as a direct ingest (annotation/formats.py), then
-posted to the upload route of their format: judgments → POST /judgments, trl and hh → POST /pairs
+Rows are read twice, so memory holds one upload, not the file: a first pass checks them with the
+parsers of a direct ingest (annotation/formats.py), the second posts them to their format's route: judgments → POST /judgments, trl and hh → POST /pairs
 (an hh transcript pair is split into prompt, chosen and rejected first, as a direct ingest does),
 kto → POST /feedback. Label Studio exports go through `bradley label-studio` or the webhook.
 
@@ -56,15 +56,18 @@ def server(url: str, what: str):
 def ingest(args) -> int:
     status = 0
     for path in args.files:
+        try:
+            fmt = file_format(path, args.format)
+            errors = problems(path, fmt)
+            if errors and args.on_error == "abort":
+                raise Refused(errors)
+        except Refused as exc:
+            print("\n".join(exc.errors), file=sys.stderr)
+            print(f"{path}: nothing sent", file=sys.stderr, flush=True)
+            status = 1
+            continue
         with server(args.server, path) as client:
-            try:
-                route, rows = read_rows(path, args.format, args.on_error)
-            except Refused as exc:
-                print("\n".join(exc.errors), file=sys.stderr)
-                print(f"{path}: nothing sent", file=sys.stderr, flush=True)
-                status = 1
-                continue
-            print(send(client, path, route, rows, args.on_error), flush=True)
+            print(send(client, path, ROUTES[fmt], rows(path, fmt), args.on_error), flush=True)
     return status
 
 
@@ -83,39 +86,45 @@ def report(args) -> int:
         return reports.finish(data, page, args.html, args.json, args.fail_on)
 
 
-def read_rows(path: str, fmt: str, on_error: str) -> tuple[str, list[dict]]:
-    """(route, rows to post) for one file; raises Refused with every bad row when aborting."""
-    if fmt in ("label-studio", "hf"):
-        raise ValueError(f"--server uploads judgments, trl, hh and kto rows, not --format {fmt}; "
-                         "use `bradley label-studio` for a project, or ingest without --server")
+def records(path: str):
+    """Every record of the file (annotation/readers.py: the reader of a direct ingest); an
+    unreadable file raises Refused."""
     try:
-        records = [r for part in open_parts(path) for r in part.records()]
+        for part in open_parts(path):
+            yield from part.records()
     except ReadError as exc:
         raise Refused([str(exc)]) from None
-    rows, errors, fmt = [], [], _format(path, fmt, records)
+
+
+def file_format(path: str, fmt: str) -> str:
+    """The row format (`auto`: from the first row's columns), one that --server can send."""
+    if fmt == "auto":
+        first = next((r.value for r in records(path) if r.value is not None), None)
+        if first is None:
+            raise Refused([f"{path}: no rows"])
+        fmt = formats.detect_format(first.keys())
     if fmt not in ROUTES:
-        raise ValueError(f"{path}: --server uploads judgments, trl, hh and kto rows; this file reads "
-                         f"as {fmt}: use `bradley label-studio`, or ingest without --server")
-    for record in records:
-        problem = record.problem or _problem(fmt, record.value, record.line)
-        if problem:
-            errors.append(f"{path}:{record.line}: {problem}")
-            # sent as it is (a row that did not parse, as its text): the server puts it in rejects
-            rows.append(record.raw if record.value is None else record.value)
+        raise ValueError(f"{path}: --server uploads judgments, trl, hh and kto rows, not {fmt}; use "
+                         "`bradley label-studio` for a project, or ingest without --server")
+    return fmt
+
+
+def problems(path: str, fmt: str) -> list[str]:
+    """The first pass: FILE:LINE: field: problem for every bad row (nothing is kept)."""
+    return [f"{path}:{r.line}: {problem}" for r in records(path)
+            if (problem := r.problem or _problem(fmt, r.value, r.line))]
+
+
+def rows(path: str, fmt: str):
+    """The second pass: what to post, a row at a time. A bad row (kept by --on-error skip) goes as
+    it is, or as its text when it did not parse: the server puts it in rejects."""
+    for r in records(path):
+        if r.value is None:
+            yield r.raw
+        elif fmt == "hh" and not _problem(fmt, r.value, r.line):
+            yield _as_pair(r.value)
         else:
-            rows.append(_as_pair(record.value) if fmt == "hh" else record.value)
-    if errors and on_error == "abort":
-        raise Refused(errors)
-    return ROUTES[fmt], rows
-
-
-def _format(path: str, fmt: str, records: list) -> str:
-    if fmt != "auto":
-        return fmt
-    first = next((r.value for r in records if r.value is not None), None)
-    if first is None:
-        raise Refused([f"{path}: no rows"])
-    return formats.detect_format(first.keys())
+            yield r.value
 
 
 def _problem(fmt: str, row: dict, line: int) -> str | None:
@@ -128,33 +137,35 @@ def _as_pair(row: dict) -> dict:
     return {**row, "prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
-def send(client: ScoreClient, path: str, route: str, rows: list, on_error: str) -> str:
+def send(client: ScoreClient, path: str, route: str, rows, on_error: str) -> str:
     """Post `rows` in uploads of at most UPLOAD_BYTES; a one-line summary of what the server wrote."""
     totals = {"rows_ok": 0, "rows_rejected": 0, "duplicate": 0}
-    batches = []
+    batches, sent = [], 0
     for upload in chunks(rows, UPLOAD_BYTES):
+        sent += len(upload)
         result = client.request("POST", f"/{route}?on_error={on_error}", upload)
         totals["rows_ok"] += result.get("rows_ok") or 0
         totals["rows_rejected"] += result.get("rows_rejected") or 0
         totals["duplicate"] += bool(result.get("duplicate"))
         batches.append(result.get("batch_id"))
-    return (f"{path}: {len(rows)} rows in {len(batches)} upload(s) to {client.url}/{route}: "
+    return (f"{path}: {sent} rows in {len(batches)} upload(s) to {client.url}/{route}: "
             f"{totals['rows_ok']} ok, {totals['rows_rejected']} rejected, "
             f"{totals['duplicate']} already there; batches {', '.join(map(str, batches))}")
 
 
-def chunks(rows: list, limit: int) -> list[list]:
+def chunks(rows, limit: int):
     """Consecutive runs of rows whose JSON stays under `limit` bytes (a longer row goes alone).
 
     >>> [len(c) for c in chunks([{"a": "x" * 10}] * 5, 50)]   # 2 + 20 bytes a row
     [2, 2, 1]
     """
-    out, current, size = [], [], 2
+    current, size = [], 2
     for row in rows:
         n = len(json.dumps(row).encode()) + 1  # ScoreClient's encoding (ASCII escapes)
         if current and size + n > limit:
-            out.append(current)
+            yield current
             current, size = [], 2
         current.append(row)
         size += n
-    return out + ([current] if current else [])
+    if current:
+        yield current

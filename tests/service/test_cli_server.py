@@ -105,7 +105,7 @@ def test_refusals_are_clear_errors(live, tmp_path, capsys, monkeypatch):
     assert "the server refused it: HTTP 401" in capsys.readouterr().err   # no key
     monkeypatch.setenv("BRADLEY_API_KEY", API_KEY)
     assert main(["--server", live.url, "ingest", str(path), "--format", "label-studio"]) == 1
-    assert "not --format label-studio" in capsys.readouterr().err
+    assert "rows, not label-studio" in capsys.readouterr().err
     assert main(["--server", live.url, "export", "--format", "trl", str(tmp_path / "o")]) == 1
     assert "--server works with ingest, report" in capsys.readouterr().err
     assert main(["--server", "http://127.0.0.1:9", "ingest", str(path)]) == 1
