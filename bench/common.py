@@ -61,11 +61,13 @@ def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None)
 
 
 async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes,
-               path: str = "/score") -> tuple[int, bytes, float]:
+               path: str = "/score", key: str | None = None) -> tuple[int, bytes, float]:
     """One HTTP/1.1 POST over a kept-alive connection: (status, body, seconds). Raw sockets, so the
-    load generator costs the client little next to the server it measures."""
+    load generator costs the client little next to the server it measures. `key`: sent as a bearer
+    key (a keyed caller is not held to the anonymous limits)."""
+    auth = f"Authorization: Bearer {key}\r\n" if key else ""
     head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+            f"{auth}Content-Length: {len(body)}\r\n\r\n").encode()
     started = time.perf_counter()
     writer.write(head + body)
     status = int((await reader.readline()).split()[1])
