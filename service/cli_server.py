@@ -9,7 +9,8 @@ kto → POST /feedback. Label Studio exports go through `bradley label-studio` o
 
 Atomicity: with `--on-error abort` (the default) every row is checked before anything is sent, so a
 bad row anywhere sends nothing and its error names FILE:LINE and the field. A file larger than one
-request body is sent as several uploads of at most UPLOAD_BYTES each, and each upload is its own
+request body is sent as several uploads of at most UPLOAD_BYTES each (halved while the server
+answers 413), and each upload is its own
 batch: if the connection fails half-way, the uploads already made stay, and running the same command
 again sends identical uploads, which the server answers as duplicates (no-ops), then the rest.
 """
@@ -143,14 +144,26 @@ def send(client: ScoreClient, path: str, route: str, rows, on_error: str) -> str
     batches, sent = [], 0
     for upload in chunks(rows, UPLOAD_BYTES):
         sent += len(upload)
-        result = client.request("POST", f"/{route}?on_error={on_error}", upload)
-        totals["rows_ok"] += result.get("rows_ok") or 0
-        totals["rows_rejected"] += result.get("rows_rejected") or 0
-        totals["duplicate"] += bool(result.get("duplicate"))
-        batches.append(result.get("batch_id"))
+        for result in post(client, f"/{route}?on_error={on_error}", upload):
+            totals["rows_ok"] += result.get("rows_ok") or 0
+            totals["rows_rejected"] += result.get("rows_rejected") or 0
+            totals["duplicate"] += bool(result.get("duplicate"))
+            batches.append(result.get("batch_id"))
     return (f"{path}: {sent} rows in {len(batches)} upload(s) to {client.url}/{route}: "
             f"{totals['rows_ok']} ok, {totals['rows_rejected']} rejected, "
             f"{totals['duplicate']} already there; batches {', '.join(map(str, batches))}")
+
+
+def post(client: ScoreClient, path: str, upload: list) -> list[dict]:
+    """The server's answers to `upload`, halved until each part fits its body limit (413: a server
+    configured below UPLOAD_BYTES with BRADLEY_MAX_BODY_BYTES)."""
+    try:
+        return [client.request("POST", path, upload)]
+    except ClientError as exc:
+        if exc.status != 413 or len(upload) == 1:
+            raise
+    half = len(upload) // 2
+    return post(client, path, upload[:half]) + post(client, path, upload[half:])
 
 
 def chunks(rows, limit: int):

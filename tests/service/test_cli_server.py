@@ -98,6 +98,20 @@ def test_a_large_file_goes_as_several_uploads(live, keyed, tmp_path, capsys, mon
     assert _counts(live)["judgments"] - before == 100
 
 
+def test_uploads_are_halved_until_they_fit_the_servers_body_limit(live, keyed, tmp_path, capsys):
+    # the live server takes bodies of at most 64 KiB; these 400 rows are ~130 KB in one upload
+    rows = [{"prompt": f"cli-server halved {i:03d}?", "chosen": "x" * 300, "rejected": f"y {i}"}
+            for i in range(400)]
+    path = tmp_path / "big.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert live.service.settings.max_body_bytes == 64 * 1024 < path.stat().st_size
+    before = _counts(live)["judgments"]
+    assert main(["--server", live.url, "ingest", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "400 rows in 4 upload(s)" in out and "400 ok, 0 rejected" in out   # 413, halved twice
+    assert _counts(live)["judgments"] - before == 400
+
+
 def test_refusals_are_clear_errors(live, tmp_path, capsys, monkeypatch):
     path = _trl_file(tmp_path, 2, "refused")
     monkeypatch.delenv("BRADLEY_API_KEY", raising=False)
