@@ -59,16 +59,16 @@ def ingest(args) -> int:
     for path in args.files:
         try:
             fmt = file_format(path, args.format)
-            errors = problems(path, fmt)
-            if errors and args.on_error == "abort":
-                raise Refused(errors)
+            bad = problems(path, fmt)
+            if bad and args.on_error == "abort":
+                raise Refused(list(bad.values()))
         except Refused as exc:
             print("\n".join(exc.errors), file=sys.stderr)
             print(f"{path}: nothing sent", file=sys.stderr, flush=True)
             status = 1
             continue
         with server(args.server, path) as client:
-            print(send(client, path, ROUTES[fmt], rows(path, fmt), args.on_error), flush=True)
+            print(send(client, path, ROUTES[fmt], rows(path, fmt, bad), args.on_error), flush=True)
     return status
 
 
@@ -110,19 +110,20 @@ def file_format(path: str, fmt: str) -> str:
     return fmt
 
 
-def problems(path: str, fmt: str) -> list[str]:
-    """The first pass: FILE:LINE: field: problem for every bad row (nothing is kept)."""
-    return [f"{path}:{r.line}: {problem}" for r in records(path)
-            if (problem := r.problem or _problem(fmt, r.value, r.line))]
+def problems(path: str, fmt: str) -> dict[int, str]:
+    """The first pass: row ordinal -> "FILE:LINE: field: problem" for every bad row (no row is
+    kept; a JSON array's rows can share a line)."""
+    return {r.row: f"{path}:{r.line}: {problem}" for r in records(path)
+            if (problem := r.problem or _problem(fmt, r.value, r.line))}
 
 
-def rows(path: str, fmt: str):
+def rows(path: str, fmt: str, bad: dict[int, str]):
     """The second pass: what to post, a row at a time. A bad row (kept by --on-error skip) goes as
     it is, or as its text when it did not parse: the server puts it in rejects."""
     for r in records(path):
         if r.value is None:
             yield r.raw
-        elif fmt == "hh" and not _problem(fmt, r.value, r.line):
+        elif fmt == "hh" and r.row not in bad:
             yield _as_pair(r.value)
         else:
             yield r.value
