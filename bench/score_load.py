@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import post, spawn, stop  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
+from service.runtime import AUTO_BATCH_TOKENS  # noqa: E402
 
 CLIENTS = 64
 CUT = 300
@@ -133,8 +134,7 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
     seconds = time.perf_counter() - started
     server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, own_cpu_seconds() - client_cpu
     latencies.sort()
-    print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr,
-          flush=True)
+    print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr)
     pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
     return {"requests": requests, "items_per_s": round(requests * per_request / seconds, 1),
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
@@ -225,8 +225,7 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
             model.score_encoded([ids[i] for i in forward])
         done += len(ids)
     seconds = time.perf_counter() - started
-    print(f"score_load: offline {done} items (rows {rows}) in {seconds:.1f} s", file=sys.stderr,
-          flush=True)
+    print(f"score_load: offline {done} items (rows {rows}) in {seconds:.1f} s", file=sys.stderr)
     return done / seconds
 
 
@@ -373,7 +372,7 @@ def main() -> None:
     parser.add_argument("--hello", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.batch_tokens is None:
-        args.batch_tokens = 65536 if args.device.startswith("cuda") else 4096
+        args.batch_tokens = AUTO_BATCH_TOKENS["cuda"] if args.device.startswith("cuda") else 4096
     if args.hello:
         return hello_server(args.hello)
     if args.naive:

@@ -157,8 +157,7 @@ def bodies_of(items: list[dict], requests: int, per_request: int) -> list[bytes]
 
 def start_server(port: int, db: str) -> subprocess.Popen:
 
-    env = {**os.environ, "BRADLEY_VERIFIER_WORKERS": "2", "BRADLEY_LOG_LEVEL": "warning",
-           "BRADLEY_API_KEYS": KEY}
+    env = {"BRADLEY_VERIFIER_WORKERS": "2", "BRADLEY_LOG_LEVEL": "warning", "BRADLEY_API_KEYS": KEY}
     argv = [sys.executable, "-m", "service.cli", "--db", db, "serve", "--port", str(port)]
     return spawn(argv, f"http://127.0.0.1:{port}/healthz", 120, "bradley serve", env)
 

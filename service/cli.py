@@ -56,11 +56,6 @@ def _add_ingest(sub) -> None:
 def cmd_ingest(args) -> int:
     from annotation.ingest import IngestError, ingest_file
 
-    if args.server:
-        from service import cli_server
-
-        return cli_server.ingest(args)
-
     status = 0
     with _open_store(args) as store:
         for path in args.files:
@@ -147,11 +142,6 @@ def _add_report(sub) -> None:
 def cmd_report(args) -> int:
     from analysis import report
 
-    if args.server:
-        from service import cli_server
-
-        return cli_server.report(args)
-
     return report.run(args.db, raters=args.raters, snapshot_id=args.snapshot, html=args.html,
                       json_out=args.json, fail_on=args.fail_on)
 
@@ -211,7 +201,8 @@ def cmd_demo(args) -> int:
     return demo.run(args.workdir, db=args.db, seed=args.seed)
 
 
-SERVER_COMMANDS = ("ingest", "report")  # what `--server URL` can send to a running `bradley serve`
+# what `--server URL` sends to a running `bradley serve`: service/cli_server.py, a function each
+SERVER_COMMANDS = ("ingest", "report")
 COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "ingest": (_add_ingest, cmd_ingest),
     "export": (_add_export, cmd_export),
@@ -247,10 +238,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handler = COMMANDS[args.command][1]
-    if args.server and args.command not in SERVER_COMMANDS:
-        print(f"bradley {args.command}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
-              f"the server's other routes are listed in the README (HTTP API)", file=sys.stderr)
-        return EXIT_ERROR
+    if args.server:
+        if args.command not in SERVER_COMMANDS:
+            print(f"bradley {args.command}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
+                  f"the server's other routes are listed in the README (HTTP API)", file=sys.stderr)
+            return EXIT_ERROR
+        from service import cli_server
+
+        handler = getattr(cli_server, args.command)
     try:
         return handler(args) or 0
     except Unavailable as exc:
