@@ -32,36 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
-import mmap
-import os
 import queue
-import select
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 
-from rm.verifier_worker import (
-    LIMIT_ENV,
-    PLUGINS_ENV,
-    PROGRESS,
-    PROGRESS_ENV,
-    decode,
-    encode,
-    write_all,
-)
+from rm.verifier_worker import DONE, START_TIMEOUT_S, WorkerProcess
 from rm.verifiers import VERIFIERS, Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
 CHUNK = 64    # calls per chunk of a big request: each worker gets a share while others wait
 BATCH = 512   # calls per message: queued chunks of many requests travel together under load
-START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
 
 Call = tuple  # (verifier name, response, ground truth, options dict or None)
 
@@ -87,86 +70,26 @@ class _Request:
 class _Job:
     """A chunk of a request: its calls and where their verdicts go in the request's list."""
 
-    def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request):
-        self.calls, self.where, self.request = calls, where, request
+    def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request,
+                 whole: tuple[bytes, dict] | None = None):
+        self.calls, self.where, self.request, self.whole = calls, where, request, whole
         self.retried = False  # sent again whole after its worker died before starting it
 
 
-class _Worker:
-    """One `python -m rm.verifier_worker` process in its own process group, and a 24-byte shared
-    page where it notes which call it is running and since when (so results can travel one line
-    per message while the parent still knows each call's start)."""
-
-    def __init__(self, plugins: dict[str, str], limit_s: float):
-        fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
-        os.ftruncate(fd, PROGRESS.size)
-        self.progress = mmap.mmap(fd, PROGRESS.size)
-        os.close(fd)
-        env = {**os.environ, PLUGINS_ENV: json.dumps(plugins), PROGRESS_ENV: path,
-               LIMIT_ENV: str(limit_s),
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_worker"], env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         start_new_session=True, bufsize=0)
-            self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
-            ready = self.read_line(START_TIMEOUT_S)
-        finally:
-            os.unlink(path)  # both sides hold the mapping; nothing is left on disk
-        if ready != {"ready": True}:
-            self.kill()
-            raise RuntimeError(f"verifier worker did not start (got {ready!r}); see its stderr")
-
-    def send(self, calls: list[Call]) -> int:
-        self.seq += 1
-        write_all(self.proc.stdin.fileno(), encode([self.seq, calls]))
-        return self.seq
-
-    def running(self, seq: int) -> tuple[int, float] | None:
-        """(index, start) of the call of message `seq` in progress; None before it starts."""
-        at, index, started = PROGRESS.unpack_from(self.progress, 0)
-        return (index, started) if at == seq else None
-
-    def read_line(self, timeout: float):
-        """The next message, None at the deadline, EOFError when the worker is gone."""
-        deadline = time.monotonic() + timeout
-        while (end := self.buffer.find(b"\n")) < 0:
-            left = max(0.0, deadline - time.monotonic())
-            if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
-                return None
-            data = os.read(self.fd, 1 << 20)
-            if not data:
-                raise EOFError("verifier worker exited")
-            self.buffer += data
-        line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
-        return decode(line)
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
-        self.progress.close()
-
-
 _tuple_new = tuple.__new__  # Verdict(*row) would run NamedTuple's Python-level __new__
-_SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
 class VerifierPool:
     def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
                  plugins: dict[str, str] | None = None,
                  on_status: Callable[[str, str, int], None] | None = None, chunk: int = CHUNK,
-                 batch: int = BATCH):
+                 batch: int = BATCH, whole: str | None = None, whole_at: int | None = None):
         if workers < 1 or timeout_s <= 0 or chunk < 1:
             raise ValueError("workers and chunk must be >= 1 and timeout_s > 0")
         self.n_workers, self.timeout_s, self.chunk = workers, timeout_s, chunk
+        # whole requests: the handler's import path, and from how many requests in flight on
+        self.whole, self.whole_at = whole, workers if whole_at is None else whole_at
+        self.in_flight, self.whole_answers = 0, Counter()  # answered / lost
         self.batch = max(batch, chunk)
         self.plugins, self.on_status = dict(plugins or {}), on_status
         self.counts: Counter = Counter()
@@ -176,7 +99,7 @@ class VerifierPool:
         self._jobs: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
         self._threads: list[threading.Thread] = []
-        self._workers: list[_Worker | None] = [None] * workers
+        self._workers: list[WorkerProcess | None] = [None] * workers
         self._ready = [threading.Event() for _ in range(workers)]
         self._lock, self._closed = threading.Lock(), False
 
@@ -200,6 +123,7 @@ class VerifierPool:
         size = min(self.chunk, -(-n // self.n_workers)) or 1
         starts = range(0, n, size)
         request = _Request(len(starts), out)
+        self._track(request.future)
         if not calls:
             request.future.set_result(out)
         for start in starts:
@@ -207,12 +131,40 @@ class VerifierPool:
             self._put(1, _Job(calls[start:end], range(start, end), request))
         return request.future
 
+    def wants_whole(self) -> bool:
+        """Whether the next request should go whole to one worker: when enough are in flight to
+        keep every worker busy anyway (alone, a request is spread over all of them)."""
+        return self.whole is not None and self.in_flight >= self.whole_at
+
+    def submit_whole(self, body: bytes, context: dict) -> Future:
+        """A Future of [answer] for a raw request body, the answer being the whole-request
+        handler's ("answered", meta, reply bytes), or ("lost", index, status, detail) when its
+        worker was killed (call `index` ran past its limit) or died (index None: no call ran)."""
+        self._ensure_started()
+        request = _Request(1, [None])
+        self._track(request.future)
+        self._put(1, _Job((), (), request, whole=(body, context)))
+        return request.future
+
+    def _track(self, future: Future) -> Future:
+        with self._lock:
+            self.in_flight += 1
+        future.add_done_callback(self._landed)
+        return future
+
+    def _landed(self, _future) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
     def verify(self, calls: Sequence[Call]) -> list[Verdict]:
         return self.submit(calls).result()
 
     async def averify(self, calls: Sequence[Call]) -> list[Verdict]:
         """For the event loop: it only waits; the calls run in the worker processes."""
         return await asyncio.wrap_future(self.submit(calls))
+
+    async def averify_whole(self, body: bytes, context: dict) -> tuple:
+        return (await asyncio.wrap_future(self.submit_whole(body, context)))[0]
 
     # -- the dispatcher threads -------------------------------------------------------------------
 
@@ -245,15 +197,15 @@ class VerifierPool:
         worker's share of the queue (so slow checkers do not end a burst on one busy worker while
         the other idles); None: stop."""
         jobs = [self._jobs.get()[2]]
-        if jobs[0] is None:
-            return None
+        if jobs[0] is None or jobs[0].whole is not None:  # a whole request travels alone
+            return jobs[0] and jobs
         size, share = len(jobs[0].calls), -(-self._jobs.qsize() // self.n_workers)
         while size < self.batch and len(jobs) <= share:
             try:
                 entry = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if entry[2] is None or size + len(entry[2].calls) > self.batch:
+            if entry[2] is None or entry[2].whole or size + len(entry[2].calls) > self.batch:
                 self._jobs.put(entry)  # for the next round (or the next thread to stop)
                 break
             jobs.append(entry[2])
@@ -266,6 +218,8 @@ class VerifierPool:
             try:
                 self._run(slot, jobs)
             except Exception as exc:  # worker would not start: answer, do not hang the request
+                if jobs[0].whole is not None:
+                    jobs[0].request.out[0] = ("lost", None, "error", str(exc)[:300])
                 why = Verdict(0.0, None, False, "error", detail=str(exc)[:300])
                 self._answer([(job, i, why) for job in jobs for i in range(len(job.calls))
                               if job.request.out[job.where[i]] is None])
@@ -274,34 +228,40 @@ class VerifierPool:
             if self._workers[slot] is None and not self._closed:
                 self._spawn(slot)
 
-    def _worker(self, slot: int) -> _Worker:
+    def _worker(self, slot: int) -> WorkerProcess:
         if self._workers[slot] is None:
-            self._workers[slot] = _Worker(self.plugins, self.timeout_s)
+            self._workers[slot] = WorkerProcess(self.plugins, self.timeout_s, self.whole)
         return self._workers[slot]
 
     def _run(self, slot: int, jobs: list[_Job]) -> None:
         """Send the jobs as one message, wait for its one answer. The deadline follows the call
         in progress: when the wait ends without an answer, the shared page says which call runs
         and since when; only a call running past the limit gets the worker killed."""
-        calls = [c for job in jobs for c in job.calls]
+        whole, calls = jobs[0].whole, [c for job in jobs for c in job.calls]
+        send = (lambda w: w.send_whole(*whole)) if whole else (lambda w: w.send(calls))
         worker = self._worker(slot)
         try:
-            seq = worker.send(calls)
+            seq = send(worker)
         except OSError:  # it died between messages (e.g. the OOM killer): a fresh one, once
             self._replace(slot)
             worker = self._worker(slot)
-            seq = worker.send(calls)
+            seq = send(worker)
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 line = worker.read_line(max(0.0, deadline - time.monotonic()))
+                reply = worker.read_bytes(line[1]["body"], self.timeout_s) if line and whole else b""
             except EOFError:
                 return self._lost(slot, jobs, worker.running(seq), "error", "verifier worker died")
-            if line is not None:
+            if line is not None and reply is not None:
+                if whole:
+                    jobs[0].request.out[0] = ("answered", line[1], reply)
+                    self.whole_answers["answered"] += 1
+                    return None
                 return self._answered(jobs, line[1])
             running = worker.running(seq)
             now = time.monotonic()
-            if running is None:  # not started yet (the clock runs from the start)
+            if running is None or running[0] == DONE:  # the clock runs from a call's start
                 deadline = now + self.timeout_s
             elif running[1] + self.timeout_s > now:
                 deadline = running[1] + self.timeout_s
@@ -311,8 +271,14 @@ class VerifierPool:
 
     def _lost(self, slot: int, jobs: list[_Job], running, status: str, detail: str) -> None:
         """Kill the worker; the call it was running gets `status`; the message's other calls
-        (their results died with it) go back on the queue for whichever worker is free first."""
+        (their results died with it) go back on the queue for whichever worker is free first.
+        A whole request is answered as lost: the service runs it again without the culprit."""
         self._replace(slot)
+        if jobs[0].whole is not None:
+            culprit = running[0] if running is not None and running[0] >= 0 else None
+            jobs[0].request.out[0] = ("lost", culprit, status, detail)
+            self.whole_answers["lost"] += 1
+            return
         if running is not None:
             k = running[0]
             for job in jobs:
@@ -357,6 +323,10 @@ class VerifierPool:
             job.request.out[job.where[i]] = verdict
             seen[job.calls[i][0], verdict.status] += 1
         self._count(seen)
+
+    def count(self, name: str, status: str, n: int = 1) -> None:
+        """Count verdicts given outside the pool's messages (a whole request's, a lost call's)."""
+        self._count(Counter({(name, status): n}))
 
     def _count(self, seen: Counter) -> None:
         with self._lock:

@@ -1,5 +1,5 @@
-"""The verifier worker process (`python -m rm.verifier_worker`), started and killed by
-rm/verifier_pool.py, and the wire format both sides share.
+"""The verifier worker process (`python -m rm.verifier_worker`), the parent's handle on one
+(`WorkerProcess`, used by rm/verifier_pool.py), and the wire format both sides share.
 
 Protocol: one line per message each way, encoded with orjson (C; `json` cost more than the gsm8k
 checks themselves, issue 19's profile). The parent sends `[seq, [[name, response, ground_truth,
@@ -7,6 +7,12 @@ options], ...]]`; the worker answers `[seq, [[reward, correct, format_ok, status
 detail], ...]]`, in order. Before each call the worker writes (seq, index, CLOCK_MONOTONIC) into a
 24-byte shared page, so the parent knows which call of a message is running and since when, and
 kills the worker when that call passes its limit, though results travel only once per message.
+
+A whole request (issue 19's load test: under load, decoding and answering in the parent cost 4x
+the checks) travels as `[seq, {"whole": n, "context": {...}}]` followed by its n raw body bytes;
+the handler named by BRADLEY_VERIFIER_WHOLE (`module:function`, set by the service) decodes it,
+runs its calls as above (index = call number in the request; -1 once they are done) and answers
+`[seq, meta]`, then `meta["body"]` bytes of reply (the parent relays them untouched).
 
     >>> decode(encode([1, [["gsm8k", "#### 10", 10, None]]]))
     [1, [['gsm8k', '#### 10', 10, None]]]
@@ -16,22 +22,31 @@ kills the worker when that call passes its limit, though results travel only onc
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
 import mmap
 import os
+import select
+import signal
 import struct
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 
 import orjson
 
 from rm.verifiers import VERIFIERS, run_verifier
 
 PROGRESS = struct.Struct("qqd")  # message number, call index within it, CLOCK_MONOTONIC at its start
-PROGRESS_ENV, PLUGINS_ENV, LIMIT_ENV = ("BRADLEY_VERIFIER_PROGRESS", "BRADLEY_VERIFIER_PLUGINS",
-                                        "BRADLEY_VERIFIER_LIMIT_S")
+PROGRESS_ENV, PLUGINS_ENV, LIMIT_ENV, WHOLE_ENV = (
+    "BRADLEY_VERIFIER_PROGRESS", "BRADLEY_VERIFIER_PLUGINS", "BRADLEY_VERIFIER_LIMIT_S",
+    "BRADLEY_VERIFIER_WHOLE")
+START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
+DONE = -1  # the call index a whole request's worker notes once its calls are done
 
 
 def encode(value) -> bytes:
@@ -56,10 +71,99 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+# -- the parent's side -----------------------------------------------------------------------------
+
+_SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+class WorkerProcess:
+    """One `python -m rm.verifier_worker` process in its own process group, and a 24-byte shared
+    page where it notes which call it is running and since when (so results can travel one line
+    per message while the parent still knows each call's start)."""
+
+    def __init__(self, plugins: dict[str, str], limit_s: float, whole: str | None = None):
+        fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
+        os.ftruncate(fd, PROGRESS.size)
+        self.progress = mmap.mmap(fd, PROGRESS.size)
+        os.close(fd)
+        env = {**os.environ, PLUGINS_ENV: json.dumps(plugins), PROGRESS_ENV: path,
+               LIMIT_ENV: str(limit_s), WHOLE_ENV: whole or "",
+               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_worker"], env=env,
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         start_new_session=True, bufsize=0)
+            self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
+            ready = self.read_line(START_TIMEOUT_S)
+        finally:
+            os.unlink(path)  # both sides hold the mapping; nothing is left on disk
+        if ready != {"ready": True}:
+            self.kill()
+            raise RuntimeError(f"verifier worker did not start (got {ready!r}); see its stderr")
+
+    def send(self, calls: list) -> int:
+        self.seq += 1
+        write_all(self.proc.stdin.fileno(), encode([self.seq, calls]))
+        return self.seq
+
+    def send_whole(self, body: bytes, context: dict) -> int:
+        self.seq += 1
+        head = encode([self.seq, {"whole": len(body), "context": context}])
+        write_all(self.proc.stdin.fileno(), head + body)
+        return self.seq
+
+    def running(self, seq: int) -> tuple[int, float] | None:
+        """(index, start) of the call of message `seq` in progress; None before it starts."""
+        at, index, started = PROGRESS.unpack_from(self.progress, 0)
+        return (index, started) if at == seq else None
+
+    def read_line(self, timeout: float):
+        """The next message, None at the deadline, EOFError when the worker is gone."""
+        if not self._fill(lambda: self.buffer.find(b"\n") + 1, timeout):
+            return None
+        end = self.buffer.find(b"\n")
+        line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
+        return decode(line)
+
+    def read_bytes(self, n: int, timeout: float) -> bytes | None:
+        """The next `n` bytes (a whole request's reply, which follows its line)."""
+        if not self._fill(lambda: len(self.buffer) >= n, timeout):
+            return None
+        data, self.buffer = self.buffer[:n], self.buffer[n:]
+        return data
+
+    def _fill(self, enough: Callable[[], object], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not enough():
+            left = max(0.0, deadline - time.monotonic())
+            if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
+                return False
+            data = os.read(self.fd, 1 << 20)
+            if not data:
+                raise EOFError("verifier worker exited")
+            self.buffer += data
+        return True
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self.progress.close()
+
+
+# -- the worker's side ----------------------------------------------------------------------------
+
+
 def _load_plugins() -> None:
     for name, path in json.loads(os.environ.get(PLUGINS_ENV) or "{}").items():
-        module, _, attr = path.partition(":")
-        VERIFIERS[name] = getattr(importlib.import_module(module), attr)
+        VERIFIERS[name] = _import(path)
 
 
 def _warm_up() -> None:
@@ -72,6 +176,31 @@ def _warm_up() -> None:
         pass
 
 
+def _import(path: str) -> Callable:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def _run_calls(progress: mmap.mmap, seq: int, calls: list) -> list:
+    """Each call's verdict, noting (seq, index, start) in the shared page before it starts."""
+    mark, clock, verdicts = PROGRESS.pack_into, time.monotonic, []
+    for index, (name, response, ground_truth, options) in enumerate(calls):
+        mark(progress, 0, seq, index, clock())
+        verdicts.append(run_verifier(name, response, ground_truth, options))
+    return verdicts
+
+
+def _answer_whole(handler: Callable, progress: mmap.mmap, seq: int, body: bytes, context: dict
+                  ) -> bytes:
+    try:
+        meta, reply = handler(body, context, lambda calls: _run_calls(progress, seq, calls))
+    except Exception as exc:  # a bug here must not cost the request: the parent takes it instead
+        print(f"verifier worker: whole request failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        meta, reply = {"fallback": f"{type(exc).__name__}: {exc}"[:300]}, b""
+    PROGRESS.pack_into(progress, 0, seq, DONE, time.monotonic())
+    return encode([seq, {**meta, "body": len(reply)}]) + reply
+
+
 def main() -> None:
     # Our protocol owns the real stdout; anything a verifier prints goes to stderr instead.
     out = os.dup(1)
@@ -80,16 +209,19 @@ def main() -> None:
     with open(os.environ[PROGRESS_ENV], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS.size)
     _load_plugins()
+    whole = _import(os.environ[WHOLE_ENV]) if os.environ.get(WHOLE_ENV) else None
     _warm_up()
+    gc.freeze()  # sympy's many objects out of the collector's way: each full pass walked them all
     write_all(out, b'{"ready": true}\n')
-    mark, clock = PROGRESS.pack_into, time.monotonic
-    for line in sys.stdin.buffer:
-        seq, calls = decode(line)
-        results = []
-        for index, (name, response, ground_truth, options) in enumerate(calls):
-            mark(progress, 0, seq, index, clock())
-            v = run_verifier(name, response, ground_truth, options)
-            results.append((v.reward, v.correct, v.format_ok, v.status, v.extracted, v.detail))
+    stdin = sys.stdin.buffer
+    for line in stdin:
+        seq, message = decode(line)
+        if isinstance(message, dict):
+            body = stdin.read(message["whole"])
+            write_all(out, _answer_whole(whole, progress, seq, body, message["context"]))
+            continue
+        results = [(v.reward, v.correct, v.format_ok, v.status, v.extracted, v.detail)
+                   for v in _run_calls(progress, seq, message)]
         write_all(out, encode([seq, results]))
 
 

@@ -232,6 +232,10 @@ class Combined:
                                         for v in self.verdicts]
         return logs
 
+    def reply(self) -> dict:
+        """The /score response body (before any group fields)."""
+        return {"scores": self.rewards, "model": self.model, **self.item_fields()}
+
     def item_fields(self) -> dict:
         """Per-item verifier results for the /score response."""
         return {"verifier": [c.verifier if c else None for c in self.checks],
@@ -241,26 +245,48 @@ class Combined:
                 "rm_scores": self.rm, "status_counts": self.status_counts()}
 
 
-async def combine(svc, prompts: list, responses: list[str], checks: list[Check | None],
-                  weights: dict[str, float] | None) -> Combined:
-    """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently."""
-    merged = {**svc.reward_weights, **(weights or {})}
+def weigh(merged: dict[str, float], checks: list[Check | None], model_loaded: bool
+          ) -> tuple[list[tuple[float, float]], bool]:
+    """Per item (w_rm, w_verifier), and whether the RM runs: a nonzero RM weight anywhere, or `rm`
+    named at all while a model is loaded (a weight of 0 logs it without training on it)."""
     by_name = {name: item_weights(merged, name) for name in {c and c.verifier for c in checks}}
-    per_item = [by_name[c and c.verifier] for c in checks]
-    needs_rm = any(w_rm != 0 for w_rm, _ in by_name.values())
-    wants_rm = needs_rm or ("rm" in merged and svc.current is not None)
+    wants_rm = any(w_rm != 0 for w_rm, _ in by_name.values()) or ("rm" in merged and model_loaded)
+    return [by_name[c and c.verifier] for c in checks], wants_rm
+
+
+def assemble(checks: list[Check | None], per_item: list[tuple[float, float]],
+             verdicts: list[Verdict | None], rm: list[float] | None, model: str | None) -> Combined:
+    """reward_i = w_rm * rm_i + w_verifier * verdict_i.reward, from verdicts aligned with items."""
+    rewards = [w_rm * (rm[i] if rm is not None else 0.0) + (w_v * v.reward if v else 0.0)
+               for i, ((w_rm, w_v), v) in enumerate(zip(per_item, verdicts, strict=True))]
+    return Combined(rewards, model, rm, verdicts, checks)
+
+
+async def combine(svc, prompts: list, responses: list[str], checks: list[Check | None],
+                  weights: dict[str, float] | None, known: dict[int, Verdict] | None = None
+                  ) -> Combined:
+    """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently.
+    `known`: verdicts already given (a whole request's call that timed out), not run again."""
+    per_item, wants_rm = weigh({**svc.reward_weights, **(weights or {})}, checks,
+                               svc.current is not None)
+    if known:
+        for i, v in known.items():
+            svc.verifiers.count(checks[i].verifier, v.status)
+        checks_to_run = [None if i in known else c for i, c in enumerate(checks)]
+    else:
+        checks_to_run = checks
     calls = [(c.verifier, r, c.ground_truth, c.options)
-             for c, r in zip(checks, responses, strict=True) if c is not None]
+             for c, r in zip(checks_to_run, responses, strict=True) if c is not None]
     verify_task = svc.verifiers.averify(calls) if calls else _nothing()
     if wants_rm:
         (model, rm), verdicts = await asyncio.gather(svc.score(prompts, responses), verify_task)
     else:  # verifier-only: no second task to schedule
         (model, rm), verdicts = (None, None), await verify_task
     it = iter(verdicts)
-    per_verdict = [next(it) if c is not None else None for c in checks]
-    rewards = [w_rm * (rm[i] if rm is not None else 0.0) + (w_v * v.reward if v else 0.0)
-               for i, ((w_rm, w_v), v) in enumerate(zip(per_item, per_verdict, strict=True))]
-    return Combined(rewards, model, rm, per_verdict, checks)
+    per_verdict = [next(it) if c is not None else None for c in checks_to_run]
+    for i, v in (known or {}).items():
+        per_verdict[i] = v
+    return assemble(checks, per_item, per_verdict, rm, model)
 
 
 async def _nothing():

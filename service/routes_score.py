@@ -7,10 +7,11 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.responses import JSONResponse, Response
 
-from service.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
+from service.deps import Body, JsonBody, Keyed, MetricsViewer, Scorer, Viewer, json_body
 from service.http import FastJSON
 from service.payloads import parse_get_reward, parse_score
 from service.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
+from service.verify_whole import GROUND_TRUTH, score_whole
 
 router = APIRouter()
 PUBLIC_MODEL_FIELDS = ("id", "kind", "base_model", "created_at", "active")  # no paths, no configs
@@ -21,17 +22,23 @@ def _service(request: Request):
 
 
 @router.post("/score")
-async def score(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
+async def score(request: Request, caller: Scorer, body: Body) -> Response:
     svc = _service(request)
     limits = svc.limits_for(caller)
+    known = None
+    if svc.verifiers.wants_whole() and GROUND_TRUTH in body:  # decoded and checked in a worker
+        answered, known = await score_whole(svc, body, limits)
+        if answered is not None:
+            return answered
+    value = await json_body(body)
     req = parse_score(value, limits)
     names = svc.verifiers.names()
     checks = parse_checks(value["items"], limits, names, svc.settings.default_verifier)
     weights = parse_weights(value.get("weights"), names)
     if any(checks) or weights is not None:
-        combined = await combine(svc, req.prompts, req.responses, checks, weights)
-        out: dict = {"scores": combined.rewards, "model": combined.model, **combined.item_fields()}
-        correct = combined.correct
+        known = {i: v for i, v in (known or {}).items() if i < len(checks) and checks[i]}
+        combined = await combine(svc, req.prompts, req.responses, checks, weights, known)
+        out, correct = combined.reply(), combined.correct
     else:  # the reward model alone, as before verifiers existed
         model_id, scores = await svc.score(req.prompts, req.responses)
         out, correct = {"scores": scores, "model": model_id}, [None] * len(scores)

@@ -47,6 +47,8 @@ AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
 # (bf16; kernel launches, not arithmetic): 4,096-token forwards capped the offline rate at 198
 # items/s, where 64-row ones reach ~1,800. On a CPU the cost follows the tokens.
 AUTO_BATCH_TOKENS = {"cpu": 16384, "cuda": 65536}
+# what a verifier worker runs for a whole verifier-only /score request (service/verify_whole.py)
+WHOLE_HANDLER = "service.verify_whole:answer_in_worker"
 
 
 class NotReady(ValueError):
@@ -106,7 +108,8 @@ class Service:
         self.metrics.read_only.set(float(settings.read_only))
         self.verifiers = VerifierPool(settings.verifier_workers, settings.verifier_timeout_s,
                                       plugins_setting(settings.verifier_plugins),
-                                      on_status=self.metrics.on_verdict)
+                                      on_status=self.metrics.on_verdict, whole=WHOLE_HANDLER,
+                                      whole_at=settings.verifier_whole_at)
         self.reward_weights = weights_setting(settings.reward_weights)
         self.pass_rates = PassRates()
         self.store = None

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     reward_weights: str = ""
     default_verifier: str = ""  # for ground truth that names no verifier; "" = the RM judges
     verifier_plugins: str = ""
+    # from how many /score requests in flight a verifier-only one goes whole to one worker
+    # (service/verify_whole.py); unset: the number of workers. 0: always.
+    verifier_whole_at: int | None = Field(None, ge=0)
     # Label Studio sends it in the X-Bradley-Webhook-Secret header (the webhook's custom headers);
     # unset: the webhook needs a bearer API key like any other write
     label_studio_webhook_secret: str | None = Field(None, min_length=16)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -227,3 +228,35 @@ def test_a_ground_truth_beyond_64_bits_travels_exactly():
     with VerifierPool(workers=1, timeout_s=5.0) as pool:
         [verdict] = pool.verify([("exact", str(10 ** 30), 10 ** 30, None)])
     assert verdict.correct is True
+
+
+def test_whole_requests_answer_bytes_and_a_hang_names_its_call():
+    """A whole request (service/verify_whole.py's path under load): the worker decodes the raw body
+    and answers (meta, bytes); a call past its limit comes back as lost with that call's index,
+    within the limit, and the worker that replaces it answers the next one; a handler that raises
+    asks the caller to take the request itself."""
+    with VerifierPool(workers=1, timeout_s=1.0, plugins=PLUGINS,
+                      whole="tests.rm.verifier_plugins:whole_calls", whole_at=0) as pool:
+        assert pool.wait_ready() and pool.wants_whole()
+        calls = [["gsm8k", "#### 10", 10, None], ["exact", "a", "b", None]]
+        [answer] = pool.submit_whole(json.dumps(calls).encode(), {"meta": {"x": 1}}).result()
+        assert answer == ("answered", {"n": 2, "x": 1, "body": 10}, b"[1.1, 0.0]")
+        hang = calls + [["sleepy", "x", None, None], ["exact", "a", "a", None]]
+        started = time.monotonic()
+        [answer] = pool.submit_whole(json.dumps(hang).encode(), {}).result()
+        assert time.monotonic() - started < 2.0
+        assert answer[:3] == ("lost", 2, "timeout")
+        [answer] = pool.submit_whole(b"boom", {}).result()
+        assert answer[0] == "answered" and answer[1]["fallback"] == "RuntimeError: boom"
+        [answer] = pool.submit_whole(json.dumps([["crash", "x", None, None]]).encode(), {}).result()
+        assert answer[:3] == ("lost", 0, "error")
+        assert [v.reward for v in pool.verify([("gsm8k", "#### 10", 10, None)])] == [1.1]
+        assert pool.whole_answers == {"answered": 2, "lost": 2}
+
+
+def test_whole_requests_wait_for_enough_in_flight():
+    pool = VerifierPool(workers=2, whole="tests.rm.verifier_plugins:whole_calls")
+    assert not pool.wants_whole()  # alone, a request is spread over every worker
+    pool.in_flight = 2
+    assert pool.wants_whole()
+    assert not VerifierPool(workers=2).wants_whole()  # no handler: never

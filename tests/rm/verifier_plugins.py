@@ -1,5 +1,6 @@
 """Verifiers the pool tests register by import path (workers import them; functions cannot travel)."""
 
+import json
 import time
 
 from rm.verifiers import Verdict
@@ -16,3 +17,12 @@ def crash(response, ground_truth):
     import os
 
     os._exit(3)
+
+
+def whole_calls(body, context, run):
+    """A whole-request handler for the pool's own tests: the body is a JSON list of calls; the
+    reply is their rewards; `context["meta"]` is added to the answer; a body "boom" raises."""
+    if body == b"boom":
+        raise RuntimeError("boom")
+    verdicts = run(json.loads(body))
+    return {"n": len(verdicts), **context.get("meta", {})}, json.dumps([v.reward for v in verdicts]).encode()

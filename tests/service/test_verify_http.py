@@ -14,16 +14,18 @@ PLUGINS = "sleepy=tests.rm.verifier_plugins:sleepy"
 GSM = "How many apples are left?"
 
 
-@pytest.fixture(scope="module")
-def vlive(tmp_path_factory, tiny_models):
+@pytest.fixture(scope="module", params=[None, 0], ids=["split", "whole"])
+def vlive(request, tmp_path_factory, tiny_models):
     """rm-tiny-a plus verifiers, a 2 s verifier limit, a hanging test checker, and gsm8k for
-    ground truth that names no verifier (BRADLEY_DEFAULT_VERIFIER)."""
+    ground truth that names no verifier (BRADLEY_DEFAULT_VERIFIER). Twice: requests split over
+    the workers by the main process (a lone request, the default), and every verifier-only
+    request answered whole inside a worker (service/verify_whole.py, the path taken under load)."""
     from service.settings import load_settings
 
     db = make_db(tmp_path_factory.mktemp("vlive") / "v.duckdb", tiny_models)
     settings = load_settings(db=db, model="rm-tiny-a", port=free_port(), device="cpu",
                              verifier_timeout_s=2.0, verifier_plugins=PLUGINS,
-                             default_verifier="gsm8k")
+                             default_verifier="gsm8k", verifier_whole_at=request.param)
     server = start_live(settings)
     assert server.service.verifiers.wait_ready()
     yield server
@@ -47,6 +49,22 @@ def test_ground_truth_alone_is_verifier_only(http):
     assert out["status"] == ["ok", "ok", "no_answer"]
     assert out["verifier"] == ["gsm8k"] * 3 and out["rm_scores"] is None
     assert out["status_counts"] == {"ok": 2, "no_answer": 1}
+
+
+def test_whole_mode_answers_verifier_only_requests_in_a_worker(http, vlive):
+    """Under load (here: always) a verifier-only request is decoded and answered in a worker; one
+    that weighs in the reward model falls back to the main path, with the same answer shape."""
+    pool = vlive.service.verifiers
+    whole = pool.whole_at == 0
+    before = pool.whole_answers["answered"]
+    out = http.post("/score", json={"items": _items(["#### 10"] * 3), "group_size": 3}).json()
+    assert out["scores"] == [1.1] * 3 and out["degenerate_groups"] == [True]
+    assert pool.whole_answers["answered"] == before + whole
+    out = http.post("/score", json={"items": _items(["#### 10"]), "weights": {"rm": 1}}).json()
+    assert out["rm_scores"] is not None and out["model"] == "rm-tiny-a"
+    assert pool.whole_answers["answered"] == before + 2 * whole  # answered "fallback"
+    r = http.post("/score", content=b'{"items": [{"prompt": "p", "ground_truth": 1, "response": 5}]}')
+    assert (r.status_code, r.json()["field"]) == (422, "items[0].response")
 
 
 def test_weights_combine_rm_and_verifier(http):
