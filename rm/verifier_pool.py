@@ -24,6 +24,12 @@ progress `status: error`. Nothing becomes a silent zero: every status is counted
     ...                                     ("exact", "no", "yes", None)])]
     [1.1, 0.0]
 
+Whole requests (`submit_whole`, for a service whose own per-item work would cap the pool): the raw
+request body goes to one worker, whose handler (`whole`, an import path) decodes it, makes its calls
+under the same clock and answers with reply bytes; taken when `whole_at` requests are in flight, so
+a lone request is still spread over every worker. A whole request's call past its limit comes back
+as ("lost", index, ...), for the caller to answer the rest without it.
+
 Extra verifiers (tests, site-specific checkers) are named by import path, `{"slow": "pkg.mod:fn"}`:
 the workers import them at start, since functions cannot travel to another process.
 """

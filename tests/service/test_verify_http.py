@@ -67,6 +67,28 @@ def test_whole_mode_answers_verifier_only_requests_in_a_worker(http, vlive):
     assert (r.status_code, r.json()["field"]) == (422, "items[0].response")
 
 
+@pytest.mark.parametrize(("body", "status", "field"), [
+    (b'{"items": [{"ground_truth": 1, ', 400, "body"),
+    (b'{"items": [{"prompt": "p", "response": "\\ud800", "ground_truth": 1}]}', 422,
+     "items[0].response"),
+    (b'\xff{"items": [{"ground_truth": 1}]}', 400, "body"),
+    (b'{"items": [{"prompt": "p", "response": "x", "ground_truth": 1e999}]}', 422,
+     "items[0].ground_truth"),
+    (b'{"items": [{"prompt": "p", "response": "x", "ground_truth": 1}], "group_size": 2}', 422,
+     "group_size"),
+])
+def test_hostile_bodies_get_the_same_answer_on_either_path(http, body, status, field):
+    r = http.post("/score", content=body)
+    assert (r.status_code, r.json()["field"]) == (status, field)
+
+
+def test_a_ground_truth_beyond_64_bits_stays_exact_over_http(http):
+    big = "123456789012345678901234567"  # orjson alone would read it as a float
+    item = f'{{"prompt": "p", "response": "{big}", "ground_truth": {big}, "verifier": "exact"}}'
+    body = f'{{"items": [{item}]}}'.encode()
+    assert http.post("/score", content=body).json()["correct"] == [True]
+
+
 def test_weights_combine_rm_and_verifier(http):
     items = _items(["3x4=12, 12-2=10\n#### 10", "#### 7"], data_source="openai/gsm8k")
     rm_only = http.post("/score", json={"items": [{"prompt": i["prompt"], "response": i["response"]}
