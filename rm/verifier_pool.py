@@ -43,14 +43,15 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 
-from rm.verifier_worker import DONE, START_TIMEOUT_S, WorkerProcess
+from rm.verifier_worker import START_TIMEOUT_S, WorkerProcess
 from rm.verifiers import VERIFIERS, Verdict
 
 DEFAULT_TIMEOUT_S = 5.0
 CHUNK = 64    # calls per chunk of a big request: each worker gets a share while others wait
 BATCH = 512   # calls per message: queued chunks of many requests travel together under load
+OUTSIDE_CALLS_S = 30.0  # decoding a message or answering it, between calls: bounded too
 
 Call = tuple  # (verifier name, response, ground truth, options dict or None)
 
@@ -70,7 +71,10 @@ class _Request:
             self.left -= 1
             done = self.left == 0
         if done:
-            self.future.set_result(self.out)
+            try:
+                self.future.set_result(self.out)
+            except InvalidStateError:  # its waiter was cancelled (a client that went away)
+                pass
 
 
 class _Job:
@@ -203,8 +207,10 @@ class VerifierPool:
         worker's share of the queue (so slow checkers do not end a burst on one busy worker while
         the other idles); None: stop."""
         jobs = [self._jobs.get()[2]]
-        if jobs[0] is None or jobs[0].whole is not None:  # a whole request travels alone
-            return jobs[0] and jobs
+        if jobs[0] is None:
+            return None
+        if jobs[0].whole is not None:  # a whole request travels alone
+            return jobs
         size, share = len(jobs[0].calls), -(-self._jobs.qsize() // self.n_workers)
         while size < self.batch and len(jobs) <= share:
             try:
@@ -256,24 +262,35 @@ class VerifierPool:
         while True:
             try:
                 line = worker.read_line(max(0.0, deadline - time.monotonic()))
-                reply = worker.read_bytes(line[1]["body"], self.timeout_s) if line and whole else b""
+                if line is not None and whole:  # its reply's bytes follow the line at once
+                    return self._answered_whole(jobs[0], line[1], worker.read_bytes(line[1]["body"]))
             except EOFError:
                 return self._lost(slot, jobs, worker.running(seq), "error", "verifier worker died")
-            if line is not None and reply is not None:
-                if whole:
-                    jobs[0].request.out[0] = ("answered", line[1], reply)
-                    self.whole_answers["answered"] += 1
-                    return None
+            if line is not None:
                 return self._answered(jobs, line[1])
-            running = worker.running(seq)
-            now = time.monotonic()
-            if running is None or running[0] == DONE:  # the clock runs from a call's start
-                deadline = now + self.timeout_s
-            elif running[1] + self.timeout_s > now:
-                deadline = running[1] + self.timeout_s
-            else:
-                return self._lost(slot, jobs, running, "timeout",
-                                  f"over the {self.timeout_s:g} s limit; worker replaced")
+            deadline = self._deadline(slot, jobs, worker.running(seq))
+            if deadline is None:
+                return None
+
+    def _deadline(self, slot: int, jobs: list[_Job], running) -> float | None:
+        """When to look again, from what the worker's page says; None: it was past its limit."""
+        now = time.monotonic()
+        if running is None:  # not read yet (the clock runs from a call's start)
+            return now + self.timeout_s
+        limit = self.timeout_s if running[0] >= 0 else OUTSIDE_CALLS_S
+        if running[1] + limit > now:
+            return running[1] + limit
+        if running[0] < 0:
+            self._lost(slot, jobs, None, "error", f"decoding or answering took over {limit:g} s")
+        else:
+            self._lost(slot, jobs, running, "timeout",
+                       f"over the {self.timeout_s:g} s limit; worker replaced")
+        return None
+
+    def _answered_whole(self, job: _Job, meta: dict, reply: bytes) -> None:
+        job.request.out[0] = ("answered", meta, reply)
+        with self._lock:
+            self.whole_answers["answered"] += 1
 
     def _lost(self, slot: int, jobs: list[_Job], running, status: str, detail: str) -> None:
         """Kill the worker; the call it was running gets `status`; the message's other calls
@@ -283,16 +300,17 @@ class VerifierPool:
         if jobs[0].whole is not None:
             culprit = running[0] if running is not None and running[0] >= 0 else None
             jobs[0].request.out[0] = ("lost", culprit, status, detail)
-            self.whole_answers["lost"] += 1
+            with self._lock:
+                self.whole_answers["lost"] += 1
             return
-        if running is not None:
+        if running is not None and running[0] >= 0:
             k = running[0]
             for job in jobs:
                 culprit = k if 0 <= k < len(job.calls) else None
                 self._requeue(job, culprit, status, detail, retried=False)
                 k -= len(job.calls)
             return
-        for job in jobs:  # it died before starting: nobody to blame, unless it happens again
+        for job in jobs:  # it died outside any call: nobody to blame, unless it happens again
             self._requeue(job, 0 if job.retried else None, status, detail, retried=True)
 
     def _requeue(self, job: _Job, culprit: int | None, status: str, detail: str, retried: bool

@@ -11,7 +11,7 @@ kills the worker when that call passes its limit, though results travel only onc
 A whole request (issue 19's load test: under load, decoding and answering in the parent cost 4x
 the checks) travels as `[seq, {"whole": n, "context": {...}}]` followed by its n raw body bytes;
 the handler named by BRADLEY_VERIFIER_WHOLE (`module:function`, set by the service) decodes it,
-runs its calls as above (index = call number in the request; -1 once they are done) and answers
+runs its calls as above (index = call number in the request) and answers
 `[seq, meta]`, then `meta["body"]` bytes of reply (the parent relays them untouched).
 
     >>> decode(encode([1, [["gsm8k", "#### 10", 10, None]]]))
@@ -46,7 +46,7 @@ PROGRESS_ENV, PLUGINS_ENV, LIMIT_ENV, WHOLE_ENV = (
     "BRADLEY_VERIFIER_PROGRESS", "BRADLEY_VERIFIER_PLUGINS", "BRADLEY_VERIFIER_LIMIT_S",
     "BRADLEY_VERIFIER_WHOLE")
 START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
-DONE = -1  # the call index a whole request's worker notes once its calls are done
+OUTSIDE = -1  # the call index noted while a message is decoded or answered, between calls
 
 
 def encode(value) -> bytes:
@@ -108,13 +108,18 @@ class WorkerProcess:
 
     def send_whole(self, body: bytes, context: dict) -> int:
         self.seq += 1
-        head = encode([self.seq, {"whole": len(body), "context": context}])
-        write_all(self.proc.stdin.fileno(), head + body)
+        write_all(self.proc.stdin.fileno(), encode([self.seq, {"whole": len(body), "context": context}]))
+        write_all(self.proc.stdin.fileno(), body)
         return self.seq
 
     def running(self, seq: int) -> tuple[int, float] | None:
-        """(index, start) of the call of message `seq` in progress; None before it starts."""
-        at, index, started = PROGRESS.unpack_from(self.progress, 0)
+        """(index, start) of the call of message `seq` in progress (index OUTSIDE: decoding or
+        answering it); None before the worker reads it. Read until two reads agree: the worker
+        may be writing the page meanwhile."""
+        seen, again = PROGRESS.unpack_from(self.progress, 0), None
+        while seen != again:
+            seen, again = again or seen, PROGRESS.unpack_from(self.progress, 0)
+        at, index, started = seen
         return (index, started) if at == seq else None
 
     def read_line(self, timeout: float):
@@ -125,10 +130,11 @@ class WorkerProcess:
         line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
         return decode(line)
 
-    def read_bytes(self, n: int, timeout: float) -> bytes | None:
-        """The next `n` bytes (a whole request's reply, which follows its line)."""
-        if not self._fill(lambda: len(self.buffer) >= n, timeout):
-            return None
+    def read_bytes(self, n: int) -> bytes:
+        """The next `n` bytes (a whole request's reply, written with its line: no deadline, the
+        worker is only writing; EOFError if it dies)."""
+        while not self._fill(lambda: len(self.buffer) >= n, 60.0):
+            pass
         data, self.buffer = self.buffer[:n], self.buffer[n:]
         return data
 
@@ -182,11 +188,13 @@ def _import(path: str) -> Callable:
 
 
 def _run_calls(progress: mmap.mmap, seq: int, calls: list) -> list:
-    """Each call's verdict, noting (seq, index, start) in the shared page before it starts."""
+    """Each call's verdict, noting (seq, index, start) in the shared page before it starts, and
+    OUTSIDE after the last (what follows is not that call's time)."""
     mark, clock, verdicts = PROGRESS.pack_into, time.monotonic, []
     for index, (name, response, ground_truth, options) in enumerate(calls):
         mark(progress, 0, seq, index, clock())
         verdicts.append(run_verifier(name, response, ground_truth, options))
+    mark(progress, 0, seq, OUTSIDE, clock())
     return verdicts
 
 
@@ -197,7 +205,6 @@ def _answer_whole(handler: Callable, progress: mmap.mmap, seq: int, body: bytes,
     except Exception as exc:  # a bug here must not cost the request: the parent takes it instead
         print(f"verifier worker: whole request failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         meta, reply = {"fallback": f"{type(exc).__name__}: {exc}"[:300]}, b""
-    PROGRESS.pack_into(progress, 0, seq, DONE, time.monotonic())
     return encode([seq, {**meta, "body": len(reply)}]) + reply
 
 
@@ -216,6 +223,7 @@ def main() -> None:
     stdin = sys.stdin.buffer
     for line in stdin:
         seq, message = decode(line)
+        PROGRESS.pack_into(progress, 0, seq, OUTSIDE, time.monotonic())
         if isinstance(message, dict):
             body = stdin.read(message["whole"])
             write_all(out, _answer_whole(whole, progress, seq, body, message["context"]))

@@ -17,12 +17,15 @@ request is better spread over every worker) and the body mentions "ground_truth"
   (advantages, running pass rates) are added in the main process, which holds the pass rates.
 
 A call past its limit kills the worker as always; the main path then runs the request with that
-call answered `timeout` (`known`), so no call runs twice and the answer comes within the limit.
+call answered `timeout` (`known`): the call is not run again, so the answer comes within the
+limit, while the request's other calls are (their verdicts died with the worker), as in the split
+path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections import Counter
 from collections.abc import Callable
@@ -78,7 +81,8 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
                      ) -> tuple[dict, bytes]:
     """Runs in a verifier worker: (meta, reply bytes) for a raw /score body; `run` makes the
     calls, each under the pool's clock."""
-    os.environ[CODE_ENV] = "1" if context["code_enabled"] else ""  # the server's setting decides
+    if (os.environ.get(CODE_ENV) == "1") != context["code_enabled"]:  # the server's, as it is now
+        os.environ[CODE_ENV] = "1" if context["code_enabled"] else ""
     limits, names = Limits(**context["limits"]), set(VERIFIERS)
     try:
         value = decode_json(body)
@@ -96,21 +100,13 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
     verdicts = run([(c.verifier, r, c.ground_truth, c.options)
                     for c, r in zip(checks, req.responses, strict=True)])
     combined = assemble(checks, per_item, verdicts, None, None)
-    reply = combined.reply()
-    meta: dict = {"counts": _counts(checks, verdicts, reply["status_counts"])}
+    counts = Counter(zip([c.verifier for c in checks], [v.status for v in verdicts], strict=True))
+    meta: dict = {"counts": [[name, status, n] for (name, status), n in counts.items()]}
     if req.group_size is not None:
+        if not all(map(math.isfinite, combined.rewards)):  # JSON would carry a NaN as null
+            return {"fallback": "a reward that is not a finite number, in a group"}, b""
         meta["group"] = {"group_size": req.group_size, "advantage": req.advantage,
                          "std_ddof": req.std_ddof, "dynamic_sampling": req.dynamic_sampling,
                          "prompts": req.prompts[::req.group_size]}
-    return meta, orjson.dumps(reply)
+    return meta, orjson.dumps(combined.reply())
 
-
-def _counts(checks: list, verdicts: list[Verdict], status_counts: dict[str, int]) -> list:
-    """[[verifier, status, n], ...] for /metrics; one verifier (the usual request): the reply's own
-    status counts."""
-    names = {c.verifier for c in checks}
-    if len(names) == 1:
-        name = names.pop()
-        return [[name, status, n] for status, n in status_counts.items()]
-    counts = Counter(zip([c.verifier for c in checks], [v.status for v in verdicts], strict=True))
-    return [[name, status, n] for (name, status), n in counts.items()]

@@ -260,3 +260,20 @@ def test_whole_requests_wait_for_enough_in_flight():
     pool.in_flight = 2
     assert pool.wants_whole()
     assert not VerifierPool(workers=2).wants_whole()  # no handler: never
+
+
+def test_time_outside_a_whole_requests_calls_is_no_calls_fault_but_is_bounded(monkeypatch):
+    """Answering after the last call is not that call's time (it finished: no timeout for it);
+    decoding or answering that takes longer than OUTSIDE_CALLS_S kills the worker, blaming none."""
+    import rm.verifier_pool
+
+    monkeypatch.setattr(rm.verifier_pool, "OUTSIDE_CALLS_S", 2.5)
+    with VerifierPool(workers=1, timeout_s=1.0, whole="tests.rm.verifier_plugins:whole_calls",
+                      whole_at=0) as pool:
+        body = json.dumps([["exact", "a", "a", None]]).encode()
+        [answer] = pool.submit_whole(body, {"sleep_after": 1.5}).result()
+        assert answer[0] == "answered" and answer[2] == b"[1.0]"
+        started = time.monotonic()
+        [answer] = pool.submit_whole(body, {"sleep_before": 30}).result()
+        assert answer[:3] == ("lost", None, "error") and time.monotonic() - started < 4.0
+        assert [v.reward for v in pool.verify([("exact", "a", "a", None)])] == [1.0]

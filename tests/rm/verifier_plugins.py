@@ -21,8 +21,11 @@ def crash(response, ground_truth):
 
 def whole_calls(body, context, run):
     """A whole-request handler for the pool's own tests: the body is a JSON list of calls; the
-    reply is their rewards; `context["meta"]` is added to the answer; a body "boom" raises."""
+    reply is their rewards; `context["meta"]` is added to the answer; a body "boom" raises;
+    `sleep_before` / `sleep_after` seconds stall it outside its calls."""
     if body == b"boom":
         raise RuntimeError("boom")
+    time.sleep(context.get("sleep_before", 0))  # decoding that takes long
     verdicts = run(json.loads(body))
+    time.sleep(context.get("sleep_after", 0))  # answering that takes long
     return {"n": len(verdicts), **context.get("meta", {})}, json.dumps([v.reward for v in verdicts]).encode()
