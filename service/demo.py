@@ -1,7 +1,8 @@
 """`bradley demo`: the whole product on simulated data, offline, in a few minutes on a laptop CPU.
 
 simulate → ingest → report (terminal + HTML) → train a small reward model → evaluate it → a short DPO
-run on a tiny policy → serve the reward model over HTTP → score a few pairs with the client → shut down.
+run on a tiny policy → serve the reward model over HTTP → score a few pairs with the client, and grade
+a GRPO group with the gsm8k verifier → shut down.
 Each step goes through the same CLI a user types, so the demo is also a smoke test of the CLI.
 """
 
@@ -28,6 +29,11 @@ GOOD_ANSWER = ("The answer is a clear and tested method: check the value first, 
                "correct, precise and accurate.")
 BAD_ANSWER = re.sub(r"[a-z]+", lambda m: dict(zip(GOOD_WORDS, BAD_WORDS, strict=True)).get(m[0], m[0]),
                     GOOD_ANSWER)
+# A GRPO group graded by the gsm8k verifier (ground truth 10): right with the format bonus, wrong
+# but formatted, right but unmarked, right as 10.0. Rewards 1.1, 0.1, 0.0, 1.1 (README, verifiers).
+GROUP_PROMPT = "Tom has 12 apples and gives 2 away. How many are left?"
+GROUP_ANSWERS = ["12 - 2 = 10\n#### 10", "12 + 2 = 14\n#### 14", "He has 10 apples left.",
+                 "12 - 2 = 10.0\n#### 10.0"]
 SCORE_NOTE = ("The tiny model learned the simulator's word signal (good vs bad words), not advice: "
               "these scores rank word choice. Train on real preferences for scores that mean more.")
 
@@ -67,9 +73,25 @@ def _serve_and_score(db: str, model_id: str) -> None:
         for response, score in zip(responses, scores, strict=True):
             print(f"{score:+.3f}  {response}")
         print(SCORE_NOTE)
+        print(f"\nA GRPO group graded by the gsm8k verifier (ground truth 10): {GROUP_PROMPT}")
+        print("\n".join(grade_group(client)))
     finally:
         server.terminate()  # SIGTERM: the server drains its queue, then exits
         server.wait(timeout=60)
+
+
+def grade_group(client) -> list[str]:
+    """One /score request with ground truth and group_size: per answer its verifier reward,
+    status and group-relative advantage, then the group's statistics."""
+    n = len(GROUP_ANSWERS)
+    out = client.score_full([GROUP_PROMPT] * n, GROUP_ANSWERS, group_size=n,
+                            extras={"ground_truth": ["10"] * n, "verifier": ["gsm8k"] * n})
+    lines = [f"reward {r:.1f}  advantage {a:+.3f}  {status:9}  {answer!r}" for r, a, status, answer
+             in zip(out["scores"], out["advantages"], out["status"], GROUP_ANSWERS, strict=True)]
+    stats = out["group_stats"]
+    lines.append(f"accuracy {stats['mean_accuracy']:.2f}; groups whose rewards are all equal "
+                 f"(no signal for GRPO): {stats['all_equal_share']:.0%}")
+    return lines
 
 
 def run(workdir: str = "demo", db: str | None = None, seed: int = 0) -> int:
@@ -103,7 +125,7 @@ def run(workdir: str = "demo", db: str | None = None, seed: int = 0) -> int:
     print(f"DPO on held-out pairs: margin 0.000 at step 1 (policy = reference) → "
           f"{policy['val_margin']:+.3f}, accuracy {policy['val_accuracy']:.2f}, "
           f"loss ln 2 = 0.693 → {policy['val_loss']:.3f}")
-    _step("7. serve the reward model and score with the client")
+    _step("7. serve the reward model, score with the client, grade a GRPO group by a verifier")
     _serve_and_score(db, model["id"])
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s; files in {work}/")
     print(next_steps(db, work), flush=True)

@@ -53,3 +53,17 @@ def test_pyproject_license_is_an_spdx_string_with_a_setuptools_that_reads_it():
     assert project["project"]["license"] == "Apache-2.0"
     (requirement,) = [r for r in project["build-system"]["requires"] if r.startswith("setuptools")]
     assert int(re.search(r">=\s*(\d+)", requirement)[1]) >= 77  # PEP 639 support came in 77.0
+
+
+def test_the_demo_grades_a_grpo_group_by_the_gsm8k_verifier(live):
+    """Demo step 7's group: rewards by the README's gsm8k rule, and the hand-computed advantages
+    (rewards 1.1, 0.1, 0.0, 1.1: mean 0.575, sample std 0.6076, eps 1e-4)."""
+    from service.client import ScoreClient
+
+    with ScoreClient(live.url) as client:
+        lines = demo.grade_group(client)
+    rewards = [float(line.split()[1]) for line in lines[:4]]
+    advantages = [float(line.split()[3]) for line in lines[:4]]
+    assert rewards == [1.1, 0.1, 0.0, 1.1]
+    assert advantages == pytest.approx([0.864, -0.782, -0.946, 0.864], abs=1e-3)
+    assert lines[4].startswith("accuracy 0.50;")
