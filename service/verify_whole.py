@@ -11,8 +11,9 @@ request is better spread over every worker) and the body mentions "ground_truth"
 (`answer_in_worker`) answers one of
 
 - `{"error": [field, problem, status]}`: the PayloadError the main path would raise;
-- `{"fallback": why}`: the request needs the reward model or has items without ground truth; the
-  main path takes it, as before this module existed;
+- `{"fallback": why}`: the request needs the reward model, has items without ground truth, or has
+  checks slower than microseconds (`rm.verifiers.FAST`: a lone math request is better spread over
+  every worker); the main path takes it, as before this module existed;
 - `{"counts": [[verifier, status, n], ...], "group": {...}?}` and the reply's bytes. Group fields
   (advantages, running pass rates) are added in the main process, which holds the pass rates.
 
@@ -33,7 +34,7 @@ from collections.abc import Callable
 import orjson
 from starlette.responses import Response
 
-from rm.verifiers import CODE_ENV, VERIFIERS, Verdict
+from rm.verifiers import CODE_ENV, FAST, VERIFIERS, Verdict
 from service.http import FastJSON
 from service.payloads import Limits, PayloadError, ScoreRequest, decode_json, parse_score
 from service.rewards import assemble, group_fields, parse_checks, parse_weights, weigh
@@ -93,6 +94,8 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
         return {"error": [exc.field, exc.problem, exc.status]}, b""
     if not all(checks):
         return {"fallback": "items without a verifier go to the reward model"}, b""
+    if any(c.verifier not in FAST for c in checks):
+        return {"fallback": "slow checks are spread over every worker"}, b""
     merged = {**context["reward_weights"], **(weights or {})}
     per_item, wants_rm = weigh(merged, checks, context["model_loaded"])
     if wants_rm:

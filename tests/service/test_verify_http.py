@@ -174,6 +174,20 @@ def test_a_hanging_verifier_answers_in_time_and_is_counted(http):
     assert http.post("/score", json={"items": _items(["#### 10"])}).json()["scores"] == [1.1]
 
 
+def test_a_catastrophic_regex_times_out_and_its_batch_mates_are_scored(http, vlive):
+    """Acceptance 4 on the whole path too: the worker that ran the regex is killed at the limit,
+    the request comes back lost at that item, and the main path scores the others without it."""
+    pool = vlive.service.verifiers
+    lost = pool.whole_answers["lost"]
+    redos = {"prompt": "p", "response": "a" * 28 + "!", "verifier": "regex", "ground_truth": "(a+)+$"}
+    started = time.monotonic()
+    out = http.post("/score", json={"items": [*_items(["#### 10"]), redos, *_items(["#### 7"])]})
+    assert time.monotonic() - started < 3.5
+    assert out.json()["status"] == ["ok", "timeout", "ok"]
+    assert out.json()["scores"] == [1.1, 0.0, 0.1]
+    assert pool.whole_answers["lost"] == lost + (pool.whole_at == 0)
+
+
 @pytest.mark.parametrize(("body", "status", "field"), [
     ({"items": _items(["x"], verifier="gsm9k")}, 422, "items[0].verifier"),
     ({"items": _items(["x"], verifier="code")}, 501, "items[0].verifier"),
