@@ -156,11 +156,10 @@ class VerifierPool:
         self._put(1, _Job((), (), request, whole=(body, context)))
         return request.future
 
-    def _track(self, future: Future) -> Future:
+    def _track(self, future: Future) -> None:
         with self._lock:
             self.in_flight += 1
         future.add_done_callback(self._landed)
-        return future
 
     def _landed(self, _future) -> None:
         with self._lock:

@@ -116,9 +116,9 @@ class WorkerProcess:
         """(index, start) of the call of message `seq` in progress (index OUTSIDE: decoding or
         answering it); None before the worker reads it. Read until two reads agree: the worker
         may be writing the page meanwhile."""
-        seen, again = PROGRESS.unpack_from(self.progress, 0), None
-        while seen != again:
-            seen, again = again or seen, PROGRESS.unpack_from(self.progress, 0)
+        seen = PROGRESS.unpack_from(self.progress, 0)
+        while (again := PROGRESS.unpack_from(self.progress, 0)) != seen:
+            seen = again
         at, index, started = seen
         return (index, started) if at == seq else None
 
@@ -133,15 +133,15 @@ class WorkerProcess:
     def read_bytes(self, n: int) -> bytes:
         """The next `n` bytes (a whole request's reply, written with its line: no deadline, the
         worker is only writing; EOFError if it dies)."""
-        while not self._fill(lambda: len(self.buffer) >= n, 60.0):
-            pass
+        self._fill(lambda: len(self.buffer) >= n, None)
         data, self.buffer = self.buffer[:n], self.buffer[n:]
         return data
 
-    def _fill(self, enough: Callable[[], object], timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
+    def _fill(self, enough: Callable[[], object], timeout: float | None) -> bool:
+        """Read until `enough()`; False at the deadline (None: no deadline)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         while not enough():
-            left = max(0.0, deadline - time.monotonic())
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
                 return False
             data = os.read(self.fd, 1 << 20)
