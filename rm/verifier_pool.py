@@ -262,7 +262,7 @@ class VerifierPool:
             try:
                 line = worker.read_line(max(0.0, deadline - time.monotonic()))
                 if line is not None and whole:  # its reply's bytes follow the line at once
-                    return self._answered_whole(jobs[0], line[1], worker.read_bytes(line[1]["body"]))
+                    return self._answered_whole(jobs[0], line[1], worker.reply(line[1]["body"]))
             except EOFError:
                 return self._lost(slot, jobs, worker.running(seq), "error", "verifier worker died")
             if line is not None:

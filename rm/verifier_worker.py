@@ -9,10 +9,12 @@ detail], ...]]`, in order. Before each call the worker writes (seq, index, CLOCK
 kills the worker when that call passes its limit, though results travel only once per message.
 
 A whole request (issue 19's load test: under load, decoding and answering in the parent cost 4x
-the checks) travels as `[seq, {"whole": n, "context": {...}}]` followed by its n raw body bytes;
-the handler named by BRADLEY_VERIFIER_WHOLE (`module:function`, set by the service) decodes it,
-runs its calls as above (index = call number in the request) and answers
-`[seq, meta]`, then `meta["body"]` bytes of reply (the parent relays them untouched).
+the checks) travels as `[seq, {"whole": n, "context": {...}}]`, its n raw body bytes waiting in a
+shared buffer (`SharedBuffer`, the inbox); the handler named by BRADLEY_VERIFIER_WHOLE
+(`module:function`, set by the service) decodes it in place, runs its calls as above (index = call
+number in the request) and answers `[seq, meta]`, the reply's `meta["body"]` bytes waiting in the
+outbox (the parent relays them untouched). Through pipes, a 650 kB body and its reply cost more
+than a microsecond per item in copies, 64 kB at a time, and the wake-ups between them.
 
     >>> decode(encode([1, [["gsm8k", "#### 10", 10, None]]]))
     [1, [['gsm8k', '#### 10', 10, None]]]
@@ -42,9 +44,9 @@ import orjson
 from rm.verifiers import VERIFIERS, run_verifier
 
 PROGRESS = struct.Struct("qqd")  # message number, call index within it, CLOCK_MONOTONIC at its start
-PROGRESS_ENV, PLUGINS_ENV, LIMIT_ENV, WHOLE_ENV = (
+PROGRESS_ENV, PLUGINS_ENV, LIMIT_ENV, WHOLE_ENV, BOXES_ENV = (
     "BRADLEY_VERIFIER_PROGRESS", "BRADLEY_VERIFIER_PLUGINS", "BRADLEY_VERIFIER_LIMIT_S",
-    "BRADLEY_VERIFIER_WHOLE")
+    "BRADLEY_VERIFIER_WHOLE", "BRADLEY_VERIFIER_BOXES")
 START_TIMEOUT_S = 120.0  # importing sympy (math-verify) on a busy 2-core machine takes seconds
 OUTSIDE = -1  # the call index noted while a message is decoded or answered, between calls
 
@@ -71,28 +73,78 @@ def write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
-# -- the parent's side -----------------------------------------------------------------------------
-
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+class SharedBuffer:
+    """Bytes one process writes and the other reads in place: an unlinked file in /dev/shm that
+    both map, grown by the writer (to a power of two) when a message does not fit; the reader maps
+    the new size when told of a longer message. One message at a time: the line that announces it
+    is written after it, and the next is written only after the answer to this one.
+
+    >>> box = SharedBuffer.create()
+    >>> box.write(b"x" * 3_000_000), bytes(box.view(3)), len(box.mapping) >= 3_000_000
+    (3000000, b'xxx', True)
+    >>> box.close()
+    """
+
+    def __init__(self, fd: int):
+        self.fd, self.mapping = fd, mmap.mmap(fd, os.fstat(fd).st_size)
+
+    @classmethod
+    def create(cls, size: int = 1 << 20) -> SharedBuffer:
+        fd, path = tempfile.mkstemp(prefix="bradley-verifier-box-", dir=_SHM)
+        os.unlink(path)  # only the two processes' descriptors keep it
+        os.ftruncate(fd, size)  # sparse: memory is taken as pages are written
+        return cls(fd)
+
+    def write(self, data) -> int:
+        n = len(data)
+        if n > len(self.mapping):
+            os.ftruncate(self.fd, 1 << (n - 1).bit_length())
+            self._remap()
+        self.mapping[:n] = data
+        return n
+
+    def view(self, n: int) -> memoryview:
+        """The first n bytes in place; release the view before the next message (a remap)."""
+        if n > len(self.mapping):
+            self._remap()
+        return memoryview(self.mapping)[:n]
+
+    def _remap(self) -> None:
+        self.mapping.close()
+        self.mapping = mmap.mmap(self.fd, os.fstat(self.fd).st_size)
+
+    def close(self) -> None:
+        self.mapping.close()
+        os.close(self.fd)
+
+
+# -- the parent's side -----------------------------------------------------------------------------
+
+
 class WorkerProcess:
-    """One `python -m rm.verifier_worker` process in its own process group, and a 24-byte shared
+    """One `python -m rm.verifier_worker` process in its own process group, a 24-byte shared
     page where it notes which call it is running and since when (so results can travel one line
-    per message while the parent still knows each call's start)."""
+    per message while the parent still knows each call's start), and the two shared buffers of
+    whole requests (inbox: bodies, outbox: replies)."""
 
     def __init__(self, plugins: dict[str, str], limit_s: float, whole: str | None = None):
         fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
         os.ftruncate(fd, PROGRESS.size)
         self.progress = mmap.mmap(fd, PROGRESS.size)
         os.close(fd)
+        self.inbox, self.outbox = SharedBuffer.create(), SharedBuffer.create()
         env = {**os.environ, PLUGINS_ENV: json.dumps(plugins), PROGRESS_ENV: path,
                LIMIT_ENV: str(limit_s), WHOLE_ENV: whole or "",
+               BOXES_ENV: f"{self.inbox.fd},{self.outbox.fd}",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_worker"], env=env,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         start_new_session=True, bufsize=0)
+                                         start_new_session=True, bufsize=0,
+                                         pass_fds=(self.inbox.fd, self.outbox.fd))
             self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
             ready = self.read_line(START_TIMEOUT_S)
         finally:
@@ -108,8 +160,8 @@ class WorkerProcess:
 
     def send_whole(self, body: bytes, context: dict) -> int:
         self.seq += 1
-        write_all(self.proc.stdin.fileno(), encode([self.seq, {"whole": len(body), "context": context}]))
-        write_all(self.proc.stdin.fileno(), body)
+        n = self.inbox.write(body)
+        write_all(self.proc.stdin.fileno(), encode([self.seq, {"whole": n, "context": context}]))
         return self.seq
 
     def running(self, seq: int) -> tuple[int, float] | None:
@@ -130,18 +182,16 @@ class WorkerProcess:
         line, self.buffer = self.buffer[:end], self.buffer[end + 1:]
         return decode(line)
 
-    def read_bytes(self, n: int) -> bytes:
-        """The next `n` bytes (a whole request's reply, written with its line: no deadline, the
-        worker is only writing; EOFError if it dies)."""
-        self._fill(lambda: len(self.buffer) >= n, None)
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
+    def reply(self, n: int) -> bytes:
+        """A whole request's reply (its line has been read, so it is all in the outbox)."""
+        with self.outbox.view(n) as view:
+            return bytes(view)
 
-    def _fill(self, enough: Callable[[], object], timeout: float | None) -> bool:
-        """Read until `enough()`; False at the deadline (None: no deadline)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def _fill(self, enough: Callable[[], object], timeout: float) -> bool:
+        """Read until `enough()`; False at the deadline."""
+        deadline = time.monotonic() + timeout
         while not enough():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            left = max(0.0, deadline - time.monotonic())
             if not select.select([self.fd], [], [], left)[0]:  # polls once even when left is 0
                 return False
             data = os.read(self.fd, 1 << 20)
@@ -162,6 +212,8 @@ class WorkerProcess:
             except OSError:
                 pass
         self.progress.close()
+        self.inbox.close()
+        self.outbox.close()
 
 
 # -- the worker's side ----------------------------------------------------------------------------
@@ -198,14 +250,17 @@ def _run_calls(progress: mmap.mmap, seq: int, calls: list) -> list:
     return verdicts
 
 
-def _answer_whole(handler: Callable, progress: mmap.mmap, seq: int, body: bytes, context: dict
-                  ) -> bytes:
+def _answer_whole(handler: Callable, progress: mmap.mmap, seq: int, body: memoryview,
+                  context: dict, outbox: SharedBuffer) -> bytes:
+    """The answer's line; the reply's bytes go to the outbox. The handler reads the body in place
+    (a memoryview of the inbox, valid during the call)."""
     try:
-        meta, reply = handler(body, context, lambda calls: _run_calls(progress, seq, calls))
+        with body:
+            meta, reply = handler(body, context, lambda calls: _run_calls(progress, seq, calls))
     except Exception as exc:  # a bug here must not cost the request: the parent takes it instead
         print(f"verifier worker: whole request failed: {type(exc).__name__}: {exc}", file=sys.stderr)
         meta, reply = {"fallback": f"{type(exc).__name__}: {exc}"[:300]}, b""
-    return encode([seq, {**meta, "body": len(reply)}]) + reply
+    return encode([seq, {**meta, "body": outbox.write(reply)}])
 
 
 def main() -> None:
@@ -217,6 +272,7 @@ def main() -> None:
         progress = mmap.mmap(f.fileno(), PROGRESS.size)
     _load_plugins()
     whole = _import(os.environ[WHOLE_ENV]) if os.environ.get(WHOLE_ENV) else None
+    inbox, outbox = (SharedBuffer(int(fd)) for fd in os.environ[BOXES_ENV].split(","))
     _warm_up()
     gc.freeze()  # sympy's many objects out of the collector's way: each full pass walked them all
     write_all(out, b'{"ready": true}\n')
@@ -225,8 +281,8 @@ def main() -> None:
         seq, message = decode(line)
         PROGRESS.pack_into(progress, 0, seq, OUTSIDE, time.monotonic())
         if isinstance(message, dict):
-            body = stdin.read(message["whole"])
-            write_all(out, _answer_whole(whole, progress, seq, body, message["context"]))
+            body = inbox.view(message["whole"])
+            write_all(out, _answer_whole(whole, progress, seq, body, message["context"], outbox))
             continue
         results = [(v.reward, v.correct, v.format_ok, v.status, v.extracted, v.detail)
                    for v in _run_calls(progress, seq, message)]

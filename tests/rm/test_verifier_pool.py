@@ -254,6 +254,19 @@ def test_whole_requests_answer_bytes_and_a_hang_names_its_call():
         assert pool.whole_answers == {"answered": 2, "lost": 2}
 
 
+def test_whole_requests_of_megabytes_grow_the_shared_buffers_both_ways():
+    """Bodies and replies travel in shared buffers of 1 MiB that grow when a message does not fit
+    (the parent grows the inbox, the worker the outbox, each side remaps): a 3 MB body, then a
+    small one, then a 5 MB one, each echoed back byte for byte."""
+    with VerifierPool(workers=1, timeout_s=5.0, whole="tests.rm.verifier_plugins:whole_calls",
+                      whole_at=0) as pool:
+        for n in (6000, 10, 10000):
+            body = json.dumps([["exact", f"{i}" + "é" * 240, "x", None] for i in range(n)]).encode()
+            [answer] = pool.submit_whole(body, {"echo": True}).result()
+            assert answer == ("answered", {"n": n, "body": len(body)}, body)
+        assert pool.whole_answers == {"answered": 3}
+
+
 def test_whole_requests_wait_for_enough_in_flight():
     pool = VerifierPool(workers=2, whole="tests.rm.verifier_plugins:whole_calls")
     assert not pool.wants_whole()  # alone, a request is spread over every worker
