@@ -29,6 +29,8 @@ import asyncio
 import math
 from collections import Counter
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import itemgetter
 from typing import NamedTuple
 
 from rm.verifiers import (
@@ -41,7 +43,7 @@ from rm.verifiers import (
     resolve,
 )
 from service.advantages import group_advantages, group_stats, keep_flags
-from service.payloads import PayloadError, check_text
+from service.payloads import PayloadError, check_text, plain_strings
 
 MAX_TESTS = 1000
 
@@ -159,6 +161,9 @@ def parse_checks(items: list, limits, names: set[str], default: str,
     `truth_field` shape the field names in errors (/get_reward reports `labels[3]`); they are
     formatted only for an item that needs its checks (a string ground truth within the size
     limit does not). A verifier named by a string or a data source is resolved once per request."""
+    shared = _one_checker(items, limits, names, default, where)
+    if shared is not None:
+        return shared
     checks: list[Check | None] = []
     checked: set[str] = set()  # verifier names already found available in this request
     resolved: dict = {}  # (verifier, data_source) -> (name, None), for string or absent names
@@ -180,6 +185,26 @@ def parse_checks(items: list, limits, names: set[str], default: str,
         name, options = found
         checks.append(_new(Check, (name, truth, options)) if name is not None else None)
     return checks
+
+
+def _one_checker(items: list, limits, names: set[str], default: str, where: str
+                 ) -> list[Check | None] | None:
+    """parse_checks in passes that run in C, for the usual request: every item holds a string
+    ground truth within the limit, and all name the same verifier and data source (strings or
+    absent). None for any other request: the loop decides, and words any error."""
+    truths = plain_strings(items, "ground_truth", limits.max_text_chars)
+    if truths is None or "" in truths:
+        return None
+    try:
+        specs, sources = (set(map(dict.get, items, repeat(key))) for key in ("verifier", "data_source"))
+    except TypeError:  # a {"name": ..., options} verifier: not hashable
+        return None
+    if len(specs) != 1 or len(sources) != 1:
+        return None
+    name, options = _verifier(items[0], where.format(i=0), default, names, set())
+    if name is None:
+        return [None] * len(items)
+    return list(map(_new, repeat(Check), zip(repeat(name), truths, repeat(options))))
 
 
 _new = tuple.__new__  # builds a Check in C; Check(...) runs NamedTuple's Python-level __new__
@@ -216,8 +241,7 @@ class Combined:
         return [v.correct if v else None for v in self.verdicts]
 
     def status_counts(self) -> dict[str, int]:
-        counts = Counter(v.status for v in self.verdicts if v)
-        return {s: counts[s] for s in STATUSES if counts[s]}
+        return _in_order(Counter(v.status for v in self.verdicts if v))
 
     def item_logs(self) -> dict[str, list[float]]:
         """/get_reward's extra_logs: numbers per item, because OpenRLHF averages each key over the
@@ -238,11 +262,23 @@ class Combined:
 
     def item_fields(self) -> dict:
         """Per-item verifier results for the /score response."""
+        if self.verdicts and all(self.verdicts):  # every item checked: columns transposed in C
+            rewards, correct, _, status, extracted, _ = map(list, zip(*self.verdicts, strict=True))
+            return {"verifier": list(map(_VERIFIER, self.checks)), "verifier_rewards": rewards,
+                    "correct": correct, "status": status, "extracted": extracted,
+                    "rm_scores": self.rm, "status_counts": _in_order(Counter(status))}
         return {"verifier": [c.verifier if c else None for c in self.checks],
                 "verifier_rewards": [v.reward if v else None for v in self.verdicts],
                 "correct": self.correct, "status": [v.status if v else None for v in self.verdicts],
                 "extracted": [v.extracted if v else None for v in self.verdicts],
                 "rm_scores": self.rm, "status_counts": self.status_counts()}
+
+
+def _in_order(counts: Counter) -> dict[str, int]:
+    return {s: counts[s] for s in STATUSES if counts[s]}
+
+
+_VERIFIER, _TRUTH, _OPTIONS = itemgetter(0), itemgetter(1), itemgetter(2)  # of a Check
 
 
 def weigh(merged: dict[str, float], checks: list[Check | None], model_loaded: bool

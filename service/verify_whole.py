@@ -91,7 +91,7 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
         return {"fallback": f"refused: {exc}"[:300]}, b""
     if not all(checks):
         return {"fallback": "items without a verifier go to the reward model"}, b""
-    if any(c.verifier not in FAST for c in checks):
+    if not FAST.issuperset(map(_VERIFIER, checks)):
         return {"fallback": "slow checks are spread over every worker"}, b""
     if not _exact(checks, weights):
         return {"fallback": "a number orjson may have rounded"}, b""
@@ -99,10 +99,10 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
     per_item, wants_rm = weigh(merged, checks, context["model_loaded"])
     if wants_rm:
         return {"fallback": "the reward model is weighted in"}, b""
-    verdicts = run([(c.verifier, r, c.ground_truth, c.options)
-                    for c, r in zip(checks, req.responses, strict=True)])
+    verdicts = run(list(zip(map(_VERIFIER, checks), req.responses, map(_TRUTH, checks),
+                             map(_OPTIONS, checks), strict=True)))
     combined = assemble(checks, per_item, verdicts, None, None)
-    counts = Counter(zip([c.verifier for c in checks], [v.status for v in verdicts], strict=True))
+    counts = Counter(zip(map(_VERIFIER, checks), map(_STATUS, verdicts), strict=True))
     meta: dict = {"counts": [[name, status, n] for (name, status), n in counts.items()]}
     if req.group_size is not None:
         if not all(map(math.isfinite, combined.rewards)):  # JSON would carry a NaN as null
@@ -137,4 +137,5 @@ def _exact(checks: list, weights: dict[str, float] | None) -> bool:
     return all(abs(x) < BEYOND_64_BITS for x in numbers if type(x) is float)
 
 
-_TRUTH, _OPTIONS = itemgetter(1), itemgetter(2)  # of a Check (verifier, ground_truth, options)
+_VERIFIER, _TRUTH, _OPTIONS = itemgetter(0), itemgetter(1), itemgetter(2)  # of a Check
+_STATUS = itemgetter(3)  # of a Verdict (reward, correct, format_ok, status, extracted, detail)

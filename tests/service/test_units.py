@@ -138,3 +138,59 @@ def test_forward_threads(monkeypatch, threads, omp, device, expected):
         torch.set_num_threads(previous)
     cores = len(os.sched_getaffinity(0))
     assert got == {"cores": cores, "unchanged": 5}.get(expected, expected)
+
+
+def test_score_items_checked_at_once_or_one_by_one_give_the_same_request():
+    """The usual body (string prompts and responses) is read in passes that run in C; any other
+    falls back to the item loop, which names the item at fault."""
+    plain = [{"prompt": f"p{i}", "response": f"r{i}"} for i in range(4)]
+    req = parse_score({"items": plain}, Limits())
+    assert (req.prompts, req.responses) == (["p0", "p1", "p2", "p3"], ["r0", "r1", "r2", "r3"])
+    chat = plain[:2] + [{"prompt": [{"role": "user", "content": "hi"}], "response": "r2"}]
+    assert parse_score({"items": chat}, Limits()).prompts[2] == [{"role": "user", "content": "hi"}]
+    for bad, field, status in [({"prompt": 7, "response": "r"}, "items[2].prompt", 422),
+                               ({"prompt": "p"}, "items[2].response", 422),
+                               ({"prompt": "p", "response": "x" * 11}, "items[2].response", 413),
+                               ("item", "items[2]", 422)]:
+        with pytest.raises(PayloadError) as info:
+            parse_score({"items": plain[:2] + [bad] + plain[2:]}, Limits(max_text_chars=10))
+        assert (info.value.field, info.value.status) == (field, status)
+
+
+GSM = {"ground_truth": "10", "verifier": "gsm8k"}
+
+
+@pytest.mark.parametrize("items, default, want", [
+    ([GSM] * 3, "", [("gsm8k", "10", None)] * 3),
+    ([GSM, {"ground_truth": "b", "verifier": "exact"}], "", [("gsm8k", "10", None), ("exact", "b", None)]),
+    ([{"ground_truth": "1", "data_source": "openai/gsm8k"}, {"ground_truth": "", "data_source": "openai/gsm8k"}],
+     "", [("gsm8k", "1", None), None]),
+    ([{"ground_truth": "1", "data_source": "someone/else"}] * 2, "", [None, None]),
+    ([{"ground_truth": "1"}] * 2, "", [None, None]),
+    ([{"ground_truth": "1"}] * 2, "numeric", [("numeric", "1", None)] * 2),
+    ([{"ground_truth": "1"}, {}], "numeric", [("numeric", "1", None), None]),
+    ([{"ground_truth": 7, "verifier": "numeric"}, {"ground_truth": "7", "verifier": "numeric"}], "",
+     [("numeric", 7, None), ("numeric", "7", None)]),
+    ([{"ground_truth": "7", "verifier": {"name": "numeric", "atol": 0.5}}] * 2, "",
+     [("numeric", "7", {"atol": 0.5})] * 2),
+])
+def test_checks_at_once_or_one_by_one_agree(items, default, want):
+    from rm.verifiers import VERIFIERS
+    from service.rewards import parse_checks
+
+    assert parse_checks(items, Limits(), set(VERIFIERS), default) == want
+
+
+@pytest.mark.parametrize("items, field, status", [
+    ([{"ground_truth": "1", "verifier": "nope"}] * 3, "items[0].verifier", 422),
+    ([GSM, GSM, {"ground_truth": "x" * 11, "verifier": "gsm8k"}], "items[2].ground_truth", 413),
+    ([GSM, {"ground_truth": True, "verifier": "gsm8k"}], "items[1].ground_truth", 422),
+    ([GSM, {"ground_truth": "1", "verifier": 5}], "items[1].verifier", 422),
+])
+def test_checks_name_the_item_at_fault(items, field, status):
+    from rm.verifiers import VERIFIERS
+    from service.rewards import parse_checks
+
+    with pytest.raises(PayloadError) as info:
+        parse_checks(items, Limits(max_text_chars=10), set(VERIFIERS), "")
+    assert (info.value.field, info.value.status) == (field, status)
