@@ -264,10 +264,10 @@ class Combined:
         """Per-item verifier results for the /score response."""
         if self.verdicts and all(self.verdicts):  # every item checked: columns transposed in C
             rewards, correct, _, status, extracted, _ = map(list, zip(*self.verdicts, strict=True))
-            return {"verifier": list(map(_VERIFIER, self.checks)), "verifier_rewards": rewards,
+            return {"verifier": verifier_names(self.checks), "verifier_rewards": rewards,
                     "correct": correct, "status": status, "extracted": extracted,
                     "rm_scores": self.rm, "status_counts": _in_order(Counter(status))}
-        return {"verifier": [c.verifier if c else None for c in self.checks],
+        return {"verifier": verifier_names(self.checks),
                 "verifier_rewards": [v.reward if v else None for v in self.verdicts],
                 "correct": self.correct, "status": [v.status if v else None for v in self.verdicts],
                 "extracted": [v.extracted if v else None for v in self.verdicts],
@@ -278,23 +278,30 @@ def _in_order(counts: Counter) -> dict[str, int]:
     return {s: counts[s] for s in STATUSES if counts[s]}
 
 
-_VERIFIER, _TRUTH, _OPTIONS = itemgetter(0), itemgetter(1), itemgetter(2)  # of a Check
+def verifier_names(checks: list[Check | None]) -> list[str | None]:
+    """Each item's verifier (None: no check), in C when every item has one."""
+    return list(map(_VERIFIER, checks)) if all(checks) else [c and c.verifier for c in checks]
+
+
+_VERIFIER = itemgetter(0)  # of a Check
 
 
 def weigh(merged: dict[str, float], checks: list[Check | None], model_loaded: bool
           ) -> tuple[list[tuple[float, float]], bool]:
     """Per item (w_rm, w_verifier), and whether the RM runs: a nonzero RM weight anywhere, or `rm`
     named at all while a model is loaded (a weight of 0 logs it without training on it)."""
-    by_name = {name: item_weights(merged, name) for name in {c and c.verifier for c in checks}}
+    names = verifier_names(checks)
+    by_name = {name: item_weights(merged, name) for name in set(names)}
     wants_rm = any(w_rm != 0 for w_rm, _ in by_name.values()) or ("rm" in merged and model_loaded)
-    return [by_name[c and c.verifier] for c in checks], wants_rm
+    return list(map(by_name.__getitem__, names)), wants_rm
 
 
 def assemble(checks: list[Check | None], per_item: list[tuple[float, float]],
              verdicts: list[Verdict | None], rm: list[float] | None, model: str | None) -> Combined:
     """reward_i = w_rm * rm_i + w_verifier * verdict_i.reward, from verdicts aligned with items."""
-    rewards = [w_rm * (rm[i] if rm is not None else 0.0) + (w_v * v.reward if v else 0.0)
-               for i, ((w_rm, w_v), v) in enumerate(zip(per_item, verdicts, strict=True))]
+    rm_part = rm if rm is not None else [0.0] * len(verdicts)
+    rewards = [w_rm * r + (w_v * v.reward if v else 0.0)
+               for (w_rm, w_v), r, v in zip(per_item, rm_part, verdicts, strict=True)]
     return Combined(rewards, model, rm, verdicts, checks)
 
 

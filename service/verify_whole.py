@@ -91,7 +91,8 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
         return {"fallback": f"refused: {exc}"[:300]}, b""
     if not all(checks):
         return {"fallback": "items without a verifier go to the reward model"}, b""
-    if not FAST.issuperset(map(_VERIFIER, checks)):
+    names_used = set(map(_VERIFIER, checks))
+    if not FAST.issuperset(names_used):
         return {"fallback": "slow checks are spread over every worker"}, b""
     if not _exact(checks, weights):
         return {"fallback": "a number orjson may have rounded"}, b""
@@ -101,16 +102,25 @@ def answer_in_worker(body: bytes, context: dict, run: Callable[[list], list[Verd
         return {"fallback": "the reward model is weighted in"}, b""
     verdicts = run(list(zip(map(_VERIFIER, checks), req.responses, map(_TRUTH, checks),
                              map(_OPTIONS, checks), strict=True)))
-    combined = assemble(checks, per_item, verdicts, None, None)
-    counts = Counter(zip(map(_VERIFIER, checks), map(_STATUS, verdicts), strict=True))
-    meta: dict = {"counts": [[name, status, n] for (name, status), n in counts.items()]}
+    reply = assemble(checks, per_item, verdicts, None, None).reply()
+    meta: dict = {"counts": _counts(names_used, reply["status_counts"], checks, verdicts)}
     if req.group_size is not None:
-        if not all(map(math.isfinite, combined.rewards)):  # JSON would carry a NaN as null
+        if not all(map(math.isfinite, reply["scores"])):  # JSON would carry a NaN as null
             return {"fallback": "a reward that is not a finite number, in a group"}, b""
         meta["group"] = {"group_size": req.group_size, "advantage": req.advantage,
                          "std_ddof": req.std_ddof, "dynamic_sampling": req.dynamic_sampling,
                          "prompts": req.prompts[::req.group_size]}
-    return meta, orjson.dumps(combined.reply())
+    return meta, orjson.dumps(reply)
+
+
+def _counts(names: set[str], by_status: dict[str, int], checks: list, verdicts: list) -> list:
+    """[[verifier, status, n], ...] for /metrics: the reply's status counts when one verifier
+    checked every item (the usual request)."""
+    if len(names) == 1:
+        [name] = names
+        return [[name, status, n] for status, n in by_status.items()]
+    counts = Counter(zip(map(_VERIFIER, checks), map(_STATUS, verdicts), strict=True))
+    return [[name, status, n] for (name, status), n in counts.items()]
 
 
 

@@ -174,6 +174,23 @@ def test_a_hanging_verifier_answers_in_time_and_is_counted(http):
     assert http.post("/score", json={"items": _items(["#### 10"])}).json()["scores"] == [1.1]
 
 
+def _calls_counted(http, verifier: str, status: str) -> float:
+    prefix = f'bradley_verifier_calls_total{{status="{status}",verifier="{verifier}"}}'
+    lines = [x for x in http.get("/metrics").text.splitlines() if x.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_every_verdict_is_counted_per_verifier_and_status(http):
+    """/metrics counts each (verifier, status) on either path: one verifier for every item (the
+    worker reads the reply's counts) and two in one request (counted pair by pair)."""
+    keys = [("gsm8k", "ok"), ("gsm8k", "no_answer"), ("exact", "ok")]
+    before = [_calls_counted(http, *k) for k in keys]
+    http.post("/score", json={"items": _items(["#### 10", "#### 7", "none", "none"])})
+    http.post("/score", json={"items": [*_items(["#### 10", "none"]),
+                                        *_items(["a", "b", "c"], truth="a", verifier="exact")]})
+    assert [_calls_counted(http, *k) - b for k, b in zip(keys, before, strict=True)] == [3, 3, 3]
+
+
 def test_a_catastrophic_regex_times_out_and_its_batch_mates_are_scored(http, vlive):
     """Acceptance 4 on the whole path too: the worker that ran the regex is killed at the limit,
     the request comes back lost at that item, and the main path scores the others without it."""
