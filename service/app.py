@@ -11,6 +11,7 @@ This module imports no torch: the model (and torch with it) loads when the servi
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -104,6 +105,11 @@ def serve_from_args(args) -> int:
         service.stop()
         raise
 
+    # What start-up built (torch, the model, the app) stays: out of the collector's full passes; and
+    # a request's many short-lived objects no longer start a collection every 700 allocations
+    # (issue 19's profile: 0.1 µs per gsm8k item, a tenth of this process's work under load).
+    gc.freeze()
+    gc.set_threshold(10_000)
     config = uvicorn.Config(create_app(settings, service), host=settings.host, port=settings.port,
                             workers=1, log_level=settings.log_level, access_log=False,
                             timeout_graceful_shutdown=int(settings.drain_timeout_s) or None)
