@@ -37,12 +37,13 @@ the workers import them at start, since functions cannot travel to another proce
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, InvalidStateError
 
 from rm.verifier_worker import START_TIMEOUT_S, WorkerProcess
@@ -100,6 +101,7 @@ class VerifierPool:
         # whole requests: the handler's import path, and from how many requests in flight on
         self.whole, self.whole_at = whole, workers if whole_at is None else whole_at
         self.in_flight, self.whole_answers = 0, Counter()  # answered / lost
+        self.coming = 0  # requests announced (`announce`) and not yet done
         self.batch = max(batch, chunk)
         self.plugins, self.on_status = dict(plugins or {}), on_status
         self.counts: Counter = Counter()
@@ -143,8 +145,22 @@ class VerifierPool:
 
     def wants_whole(self) -> bool:
         """Whether the next request should go whole to one worker: when enough are in flight to
-        keep every worker busy anyway (alone, a request is spread over all of them)."""
-        return self.whole is not None and self.in_flight >= self.whole_at
+        keep every worker busy anyway (alone, a request is spread over all of them). Announced
+        requests count from their announcement, the caller's own excepted."""
+        return self.whole is not None and max(self.in_flight, self.coming - 1) >= self.whole_at
+
+    @contextlib.contextmanager
+    def announce(self) -> Iterator[None]:
+        """Count a request that will make calls as in flight from now, while it is still being
+        decoded: in a burst, requests counted only once submitted all found the pool idle, and
+        a dozen of every 64 took the slow path (issue 19's load test)."""
+        with self._lock:
+            self.coming += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.coming -= 1
 
     def submit_whole(self, body: bytes, context: dict) -> Future:
         """A Future of [answer] for a raw request body, the answer being the whole-request

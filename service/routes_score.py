@@ -25,11 +25,20 @@ def _service(request: Request):
 async def score(request: Request, caller: Scorer, body: Body) -> Response:
     svc = _service(request)
     limits = svc.limits_for(caller)
-    known = None
-    if svc.verifiers.wants_whole() and GROUND_TRUTH in body:  # decoded and checked in a worker
-        answered, known = await score_whole(svc, body, limits)
-        if answered is not None:
-            return answered
+    if GROUND_TRUTH not in body:
+        return await _score(svc, body, limits, None)
+    with svc.verifiers.announce():  # other requests see this one while it is decoded
+        known = None
+        if svc.verifiers.wants_whole():  # decoded and checked in a worker
+            answered, known = await score_whole(svc, body, limits)
+            if answered is not None:
+                return answered
+        return await _score(svc, body, limits, known)
+
+
+async def _score(svc, body: bytes, limits, known: dict | None) -> Response:
+    """The main path: decoded here, calls spread over the verifier workers, the RM batched.
+    `known`: verdicts a whole request's worker gave before it was killed."""
     value = await json_body(body)
     req = parse_score(value, limits)
     names = svc.verifiers.names()

@@ -6,8 +6,9 @@ and its one GIL held the server to 0.18 of a plain in-process loop (issue 19's p
 given the raw body does all of that with the same functions (`parse_score`, `parse_checks`,
 `assemble`), in parallel with the other workers; the main process relays bytes.
 
-When: the pool has as many requests in flight as workers (`VerifierPool.wants_whole`: alone, a
-request is better spread over every worker) and the body mentions "ground_truth". The worker
+When: the body mentions "ground_truth" and the pool has as many requests in flight as workers
+(`VerifierPool.wants_whole`: alone, a request is better spread over every worker), counting those
+the route has announced and not yet submitted (a burst's requests are decoded at once). The worker
 (`answer_in_worker`) answers one of
 
 - `{"fallback": why}`: the main path takes the request, as before this module existed. So it is

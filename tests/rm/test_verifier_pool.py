@@ -275,6 +275,24 @@ def test_whole_requests_wait_for_enough_in_flight():
     assert not VerifierPool(workers=2).wants_whole()  # no handler: never
 
 
+def test_announced_requests_count_as_in_flight_while_they_are_decoded():
+    """In a burst the others are still being decoded, not yet submitted: they count from their
+    announcement, so the burst goes whole instead of taking the main path until two are in."""
+    pool = VerifierPool(workers=2, whole="tests.rm.verifier_plugins:whole_calls")
+    with pool.announce():
+        assert not pool.wants_whole()  # the caller itself is no reason to go whole
+        with pool.announce():
+            assert not pool.wants_whole()
+            pool.in_flight = 1  # the other one, submitted: announced and submitted count once
+            assert not pool.wants_whole()
+            pool.in_flight = 0
+            with pool.announce():
+                assert pool.wants_whole()  # two others: enough to keep both workers busy
+        pool.in_flight = 2
+        assert pool.wants_whole()
+    assert pool.coming == 0
+
+
 def test_time_outside_a_whole_requests_calls_is_no_calls_fault_but_is_bounded(monkeypatch):
     """Answering after the last call is not that call's time (it finished: no timeout for it);
     decoding or answering that takes longer than OUTSIDE_CALLS_S kills the worker, blaming none."""
