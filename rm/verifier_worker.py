@@ -24,6 +24,7 @@ than a microsecond per item in copies, 64 kB at a time, and the wake-ups between
 
 from __future__ import annotations
 
+import errno
 import gc
 import importlib
 import json
@@ -76,10 +77,29 @@ def write_all(fd: int, data: bytes) -> None:
 _SHM = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
+class BufferFull(RuntimeError):
+    """No room for a shared buffer's growth (a small /dev/shm, e.g. Docker's 64 MiB): the request
+    takes the main path instead. Not an OSError, which would get the worker replaced."""
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Make the file `size` bytes with its memory taken now. A sparse file on a full tmpfs would
+    kill the process with SIGBUS at the first write to a page it cannot get; this raises."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without fallocate
+            os.ftruncate(fd, size)
+            return
+        raise BufferFull(f"no room for a {size:,}-byte verifier buffer in {_SHM or 'the temp dir'}"
+                         f" ({exc.strerror})") from exc
+
+
 class SharedBuffer:
     """Bytes one process writes and the other reads in place: an unlinked file in /dev/shm that
-    both map, grown by the writer (to a power of two) when a message does not fit; the reader maps
-    the new size when told of a longer message. One message at a time: the line that announces it
+    both map, grown by the writer (to a power of two, its memory taken at once: `BufferFull`
+    when there is none) when a message does not fit; the reader maps the new size when told of a
+    longer message. One message at a time: the line that announces it
     is written after it, and the next is written only after the answer to this one.
 
     >>> box = SharedBuffer.create()
@@ -92,16 +112,20 @@ class SharedBuffer:
         self.fd, self.mapping = fd, mmap.mmap(fd, os.fstat(fd).st_size)
 
     @classmethod
-    def create(cls, size: int = 1 << 20) -> SharedBuffer:
+    def create(cls, size: int = 1 << 16) -> SharedBuffer:  # grown by the first large message
         fd, path = tempfile.mkstemp(prefix="bradley-verifier-box-", dir=_SHM)
         os.unlink(path)  # only the two processes' descriptors keep it
-        os.ftruncate(fd, size)  # sparse: memory is taken as pages are written
+        try:
+            _reserve(fd, size)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(fd)
 
     def write(self, data) -> int:
         n = len(data)
         if n > len(self.mapping):
-            os.ftruncate(self.fd, 1 << (n - 1).bit_length())
+            _reserve(self.fd, 1 << (n - 1).bit_length())  # BufferFull: the old size is kept
             self._remap()
         self.mapping[:n] = data
         return n
@@ -132,25 +156,36 @@ class WorkerProcess:
 
     def __init__(self, plugins: dict[str, str], limit_s: float, whole: str | None = None):
         fd, path = tempfile.mkstemp(prefix="bradley-verifier-", dir=_SHM)
-        os.ftruncate(fd, PROGRESS.size)
-        self.progress = mmap.mmap(fd, PROGRESS.size)
-        os.close(fd)
+        self.inbox = self.outbox = None
+        try:
+            _reserve(fd, PROGRESS.size)
+            self.progress = mmap.mmap(fd, PROGRESS.size)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        try:
+            self._start(path, plugins, limit_s, whole)
+        except BaseException:  # nothing of a worker that did not start stays open
+            self.kill()
+            raise
+        finally:
+            os.unlink(path)  # both sides hold the mapping; nothing is left on disk
+
+    def _start(self, path: str, plugins: dict[str, str], limit_s: float, whole: str | None) -> None:
         self.inbox, self.outbox = SharedBuffer.create(), SharedBuffer.create()
         env = {**os.environ, PLUGINS_ENV: json.dumps(plugins), PROGRESS_ENV: path,
                LIMIT_ENV: str(limit_s), WHOLE_ENV: whole or "",
                BOXES_ENV: f"{self.inbox.fd},{self.outbox.fd}",
                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))}
-        try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_worker"], env=env,
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         start_new_session=True, bufsize=0,
-                                         pass_fds=(self.inbox.fd, self.outbox.fd))
-            self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
-            ready = self.read_line(START_TIMEOUT_S)
-        finally:
-            os.unlink(path)  # both sides hold the mapping; nothing is left on disk
+        self.proc = subprocess.Popen([sys.executable, "-m", "rm.verifier_worker"], env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     start_new_session=True, bufsize=0,
+                                     pass_fds=(self.inbox.fd, self.outbox.fd))
+        self.fd, self.buffer, self.seq = self.proc.stdout.fileno(), b"", 0
+        ready = self.read_line(START_TIMEOUT_S)
         if ready != {"ready": True}:
-            self.kill()
             raise RuntimeError(f"verifier worker did not start (got {ready!r}); see its stderr")
 
     def send(self, calls: list) -> int:
@@ -159,8 +194,8 @@ class WorkerProcess:
         return self.seq
 
     def send_whole(self, body: bytes, context: dict) -> int:
+        n = self.inbox.write(body)  # BufferFull: nothing was sent
         self.seq += 1
-        n = self.inbox.write(body)
         write_all(self.proc.stdin.fileno(), encode([self.seq, {"whole": n, "context": context}]))
         return self.seq
 
@@ -201,19 +236,23 @@ class WorkerProcess:
         return True
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self.proc.wait()
-        for stream in (self.proc.stdin, self.proc.stdout):
+        """Kill the process group and close everything this handle holds (also what a worker
+        that failed to start got as far as opening)."""
+        if (proc := getattr(self, "proc", None)) is not None:
             try:
-                stream.close()
-            except OSError:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 pass
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                try:
+                    stream.close()
+                except OSError:
+                    pass
         self.progress.close()
-        self.inbox.close()
-        self.outbox.close()
+        for box in (self.inbox, self.outbox):
+            if box is not None:
+                box.close()
 
 
 # -- the worker's side ----------------------------------------------------------------------------
@@ -257,10 +296,11 @@ def _answer_whole(handler: Callable, progress: mmap.mmap, seq: int, body: memory
     try:
         with body:
             meta, reply = handler(body, context, lambda calls: _run_calls(progress, seq, calls))
+        size = outbox.write(reply)  # BufferFull on a full /dev/shm
     except Exception as exc:  # a bug here must not cost the request: the parent takes it instead
         print(f"verifier worker: whole request failed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        meta, reply = {"fallback": f"{type(exc).__name__}: {exc}"[:300]}, b""
-    return encode([seq, {**meta, "body": outbox.write(reply)}])
+        meta, size = {"fallback": f"{type(exc).__name__}: {exc}"[:300]}, 0
+    return encode([seq, {**meta, "body": size}])
 
 
 def main() -> None:

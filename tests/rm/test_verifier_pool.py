@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import time
 
 import pytest
 
 from rm.code_verifier import run_code
 from rm.verifier_pool import VerifierPool
+from rm.verifier_worker import WorkerProcess
 
 PLUGINS = {"sleepy": "tests.rm.verifier_plugins:sleepy", "crash": "tests.rm.verifier_plugins:crash"}
 
@@ -255,7 +258,7 @@ def test_whole_requests_answer_bytes_and_a_hang_names_its_call():
 
 
 def test_whole_requests_of_megabytes_grow_the_shared_buffers_both_ways():
-    """Bodies and replies travel in shared buffers of 1 MiB that grow when a message does not fit
+    """Bodies and replies travel in shared buffers of 64 KiB that grow when a message does not fit
     (the parent grows the inbox, the worker the outbox, each side remaps): a 3 MB body, then a
     small one, then a 5 MB one, each echoed back byte for byte."""
     with VerifierPool(workers=1, timeout_s=5.0, whole="tests.rm.verifier_plugins:whole_calls",
@@ -265,6 +268,38 @@ def test_whole_requests_of_megabytes_grow_the_shared_buffers_both_ways():
             [answer] = pool.submit_whole(body, {"echo": True}).result()
             assert answer == ("answered", {"n": n, "body": len(body)}, body)
         assert pool.whole_answers == {"answered": 3}
+
+
+def test_no_room_for_a_body_sends_it_back_to_the_service_and_keeps_the_worker(monkeypatch):
+    """A full /dev/shm (Docker gives 64 MiB) must not kill the server: a sparse buffer would get
+    SIGBUS at the first page it cannot have. Growth takes its memory first; without room the
+    request is answered lost (the service's main path takes it) and the worker stays."""
+    with VerifierPool(workers=1, timeout_s=5.0, whole="tests.rm.verifier_plugins:whole_calls",
+                      whole_at=0) as pool:
+        assert pool.wait_ready()
+
+        def full(fd, offset, size):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "posix_fallocate", full)
+        large = json.dumps([["exact", "x" * 1000, "x", None]] * 200).encode()  # over 64 KiB
+        [answer] = pool.submit_whole(large, {"echo": True}).result()
+        assert answer[:3] == ("lost", None, "error") and "no room" in answer[3]
+        small = json.dumps([["exact", "x", "x", None]]).encode()  # fits the buffer it has
+        assert pool.submit_whole(small, {"echo": True}).result()[0][0] == "answered"
+        monkeypatch.undo()
+        assert pool.submit_whole(large, {"echo": True}).result()[0][2] == large
+        assert pool.restarts == 0
+
+
+def test_a_worker_that_cannot_start_leaves_nothing_open():
+    """Its shared page and buffers are closed: a broken plugin retried for every batch must not
+    use up the server's descriptors (each also holding a /dev/shm file)."""
+    opened = len(os.listdir("/proc/self/fd"))
+    for _ in range(2):
+        with pytest.raises(EOFError):
+            WorkerProcess({"bad": "no_such_module_for_bradley:check"}, 5.0)
+    assert len(os.listdir("/proc/self/fd")) == opened
 
 
 def test_whole_requests_wait_for_enough_in_flight():
