@@ -303,6 +303,11 @@ class VerifierPool:
         return None
 
     def _answered_whole(self, job: _Job, meta: dict, reply: bytes) -> None:
+        """The handler's `meta["counts"]` ([[verifier, status, n], ...]) are counted here, as the
+        pool's own calls are: also when the caller is gone by the time the answer comes."""
+        counts = meta.get("counts")
+        if counts:
+            self._count(Counter({(name, status): n for name, status, n in counts}))
         job.request.out[0] = ("answered", meta, reply)
         with self._lock:
             self.whole_answers["answered"] += 1

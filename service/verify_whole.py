@@ -64,9 +64,7 @@ async def score_whole(svc, body: bytes, limits: Limits
     _, meta, reply = answer
     if "fallback" in meta:
         return None, None
-    for name, status, n in meta["counts"]:
-        svc.verifiers.count(name, status, n)
-    if "group" not in meta:
+    if "group" not in meta:  # meta["counts"] went to /metrics in the pool, as the answer came
         return Response(reply, media_type="application/json"), None
     out, group = orjson.loads(reply), meta["group"]
     size, n = group["group_size"], len(out["scores"])

@@ -242,8 +242,10 @@ def test_whole_requests_answer_bytes_and_a_hang_names_its_call():
                       whole="tests.rm.verifier_plugins:whole_calls", whole_at=0) as pool:
         assert pool.wait_ready() and pool.wants_whole()
         calls = [["gsm8k", "#### 10", 10, None], ["exact", "a", "b", None]]
-        [answer] = pool.submit_whole(json.dumps(calls).encode(), {"meta": {"x": 1}}).result()
-        assert answer == ("answered", {"n": 2, "x": 1, "body": 10}, b"[1.1, 0.0]")
+        counts = [["gsm8k", "ok", 1], ["exact", "ok", 1]]  # what the handler says it gave
+        [answer] = pool.submit_whole(json.dumps(calls).encode(), {"meta": {"counts": counts}}).result()
+        assert answer == ("answered", {"n": 2, "counts": counts, "body": 10}, b"[1.1, 0.0]")
+        assert pool.counts == {"ok": 2}  # counted by the pool, whether or not the caller still waits
         hang = calls + [["sleepy", "x", None, None], ["exact", "a", "a", None]]
         started = time.monotonic()
         [answer] = pool.submit_whole(json.dumps(hang).encode(), {}).result()
