@@ -53,6 +53,7 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
     app.add_exception_handler(HTTPException, http.handle_http_error)
     app.add_exception_handler(RequestValidationError, http.handle_validation_error)
     app.add_middleware(http.SafetyNet)  # inside RouteMetrics, which then counts its 500s
+    app.add_middleware(routes_score.ScoreLane, routes=app.router.routes)  # /score's own way in
     app.add_middleware(RouteMetrics, service=service)
     return app
 
