@@ -29,8 +29,10 @@ process may use). Each phase reports the CPU share (cores busy) of the server an
 
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
-fixed random order sorted only within each 64 (no HTTP, no tokenizing), the most such a server could
-reach; `ratio_vs_batch_bound` is served / that bound.
+fixed random order sorted only within each 64 and cut with the server's padding limit (no HTTP, no
+tokenizing), the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
+Each served phase also reads the server's /metrics: `forward_busy` (share of the phase the model
+was in a forward; near 1 the forward is the limit) and `forward_items_per_s` (its speed meanwhile).
 
 On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
 `per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it
@@ -55,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 from starlette.requests import Request  # the naive server's handler annotation, resolved at import
@@ -63,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import post, spawn, stop  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
-from service.runtime import AUTO_BATCH_TOKENS  # noqa: E402
+from service.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING  # noqa: E402
 
 CLIENTS = 64
 CUT = 300
@@ -136,7 +139,8 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
     latencies.sort()
     print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr)
     pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
-    return {"requests": requests, "items_per_s": round(requests * per_request / seconds, 1),
+    return {"requests": requests, "seconds": round(seconds, 2),
+            "items_per_s": round(requests * per_request / seconds, 1),
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
             "error_kinds": sorted({str(e) for e in errors})[:5],
             "server_cpu_share": round(server_cpu / seconds, 2),
@@ -199,11 +203,13 @@ def hello_server(port: int) -> None:
 
 
 def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
-                 seconds: float = 8.0, device: str = "cpu", seen: int | None = None) -> float:
+                 seconds: float = 8.0, device: str = "cpu", seen: int | None = None,
+                 padding: float = float("inf")) -> float:
     """Items/s of RewardModel.score_encoded on pre-tokenized items in globally length-sorted
     forwards of at most `rows` rows and `budget` padded tokens (rows=1: one forward per item).
     `seen=N`: items in a fixed random order, sorted only within each N (what a server sees when
-    N single-sample clients wait at once: the batch bound)."""
+    N single-sample clients wait at once: the batch bound), cut into forwards as the server cuts
+    them (`padding`: its BRADLEY_MAX_PADDING default, service.runtime.AUTO_PADDING)."""
     import random
 
     from rm.model import RewardModel
@@ -216,7 +222,7 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     order = random.Random(0).sample(range(len(ids)), len(ids))
     groups = [order[k:k + seen] for k in range(0, len(ids), seen)] if seen else [order]
     forwards = [[g[i] for i in f] for g in groups
-                for f in plan_forwards([len(ids[i]) for i in g], budget, rows)]
+                for f in plan_forwards([len(ids[i]) for i in g], budget, rows, padding)]
     model.score_encoded([ids[i] for i in forwards[0]])  # warm-up
     started = time.perf_counter()
     done = 0
@@ -229,6 +235,28 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     return done / seconds
 
 
+def forward_counters(port: int) -> dict:
+    """The batcher's forward series from the server's /metrics: seconds in forwards, forwards, rows."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    wanted = ("bradley_forward_seconds_sum", "bradley_forward_rows_count", "bradley_forward_rows_sum")
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.split(" ", 1)[0] in wanted}
+
+
+def drive_measured(port: int, items: list, requests: int, per_request: int, pid: int) -> dict:
+    """`drive`, plus what the model did meanwhile: `forward_busy` (share of the time the batcher
+    was in a forward: near 1, the model is the limit, not the server's other work), rows per
+    forward and `forward_items_per_s` (items per second of forward)."""
+    before = forward_counters(port)
+    out = drive(port, items, requests, per_request, pid)
+    spent = {k: v - before.get(k, 0.0) for k, v in forward_counters(port).items()}
+    seconds, forwards = spent["bradley_forward_seconds_sum"], spent["bradley_forward_rows_count"]
+    rows = spent["bradley_forward_rows_sum"]
+    return out | {"forward_busy": round(seconds / out["seconds"], 3),
+                  "rows_per_forward": round(rows / max(forwards, 1), 1),
+                  "forward_items_per_s": round(rows / seconds, 1) if seconds else None}
+
+
 def served(folder: str, items: list, n: dict, env: dict) -> dict:
     port = free_port()
     argv = [sys.executable, "-m", "service.cli", "--db", str(Path(folder).parent / "none.duckdb"),
@@ -236,8 +264,8 @@ def served(folder: str, items: list, n: dict, env: dict) -> dict:
     server = start(argv, port, env)
     try:
         drive(port, items, CLIENTS * 4, 1, server.pid)  # warm-up
-        return {"single": drive(port, items, n["single"], 1, server.pid),
-                "batch8": drive(port, items, n["batch8"], 8, server.pid)}
+        return {"single": drive_measured(port, items, n["single"], 1, server.pid),
+                "batch8": drive_measured(port, items, n["batch8"], 8, server.pid)}
     finally:
         stop(server)
 
@@ -289,7 +317,8 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     seconds, device = args.offline_seconds, args.device
     before = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
     single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=seconds / 2, device=device)
-    bound = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device, seen=CLIENTS)
+    bound = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device, seen=CLIENTS,
+                         padding=AUTO_PADDING["cuda" if device.startswith("cuda") else "cpu"])
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
     if "overhead" in n:
         out["overhead"] = overhead(folder, n["overhead"], env)
@@ -316,6 +345,8 @@ def cheap_model_figures(tiny: dict | None) -> dict:
                "tiny_batch8_ratio_vs_offline": tiny["batch8_ratio_vs_offline"],
                "tiny_p99_ms": tiny["single"]["p99_ms"],
                "tiny_ratio_vs_batch_bound": tiny["ratio_vs_batch_bound"],
+               "tiny_forward_busy": tiny["single"]["forward_busy"],
+               "tiny_forward_items_per_s": tiny["single"]["forward_items_per_s"],
                "tiny_batch_bound_share_of_ceiling": round(
                    tiny["batch_bound_items_per_s"] / tiny["ceiling_items_per_s"], 3)}
     if "overhead" in tiny:
