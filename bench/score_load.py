@@ -4,8 +4,10 @@ For a tiny reward model (hidden 64, 2 layers) and a ~5M-parameter one (hidden 25
 built from a config, on (prompt, response) items from hh-rlhf (cut to 300 characters each):
 
 1. ceiling: the offline batched forward of the same model on the same items, pre-tokenized, in
-   length-sorted forwards of the server's token budget, in this process (nothing else running),
-   the better of a measurement before and one after the servers ran;
+   length-sorted forwards of the server's token budget (nothing else running), the best of a
+   measurement before and one after the servers ran, each taken two ways: in this process with
+   every thread, and on the forward processes `bradley serve` starts on a CPU (one thread each,
+   service/forward_pool.py; `ceiling_before_after` has both);
 2. served: `bradley serve` (the real CLI, a separate process) driven by 64 concurrent clients over
    keep-alive HTTP/1.1, first each sending single-sample requests (OpenRLHF's newer client), then
    8-item requests; the load generator is raw asyncio (a few microseconds per request) and shares
@@ -24,8 +26,10 @@ phase of both models; requests_total and errors count all phases.
 Goals: ratio_vs_offline >= 0.8 for both models and both request sizes, ratio_vs_per_request >= 3,
 20,000 requests with zero errors.
 
-Fairness: the ceiling and both servers use the same --torch-threads (default: every core this
-process may use). Each phase reports the CPU share (cores busy) of the server and of the clients.
+Fairness: the in-process ceiling and the naive server use --torch-threads (default: every core this
+process may use), as would `bradley serve` with BRADLEY_FORWARD_PROCESSES=0; its forward processes
+and the ceiling measured on them use one each. Each phase reports the CPU share (cores busy) of the
+server (with its forward processes) and of the clients.
 
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
@@ -66,7 +70,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import post, spawn, stop  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
-from service.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING  # noqa: E402
+from service.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING, forward_processes  # noqa: E402
 
 CLIENTS = 64
 CUT = 300
@@ -109,9 +113,13 @@ async def _one_client(port: int, bodies: list[bytes], latencies: list[float], er
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
+    """User + system CPU seconds so far of a process and its live children (a server's forward
+    processes), from Linux /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()}
+    return own + sum(cpu_seconds(child) for child in children if Path(f"/proc/{child}").exists())
 
 
 def own_cpu_seconds() -> float:
@@ -204,12 +212,14 @@ def hello_server(port: int) -> None:
 
 def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
                  seconds: float = 8.0, device: str = "cpu", seen: int | None = None,
-                 padding: float = float("inf")) -> float:
+                 padding: float = float("inf"), processes: int = 0) -> float:
     """Items/s of RewardModel.score_encoded on pre-tokenized items in globally length-sorted
     forwards of at most `rows` rows and `budget` padded tokens (rows=1: one forward per item).
     `seen=N`: items in a fixed random order, sorted only within each N (what a server sees when
     N single-sample clients wait at once: the batch bound), cut into forwards as the server cuts
-    them (`padding`: its BRADLEY_MAX_PADDING default, service.runtime.AUTO_PADDING)."""
+    them (`padding`: its BRADLEY_MAX_PADDING default, service.runtime.AUTO_PADDING).
+    `processes=N`: the same forwards on N forward processes of one thread each, N at a time
+    (service/forward_pool.py, what `bradley serve` runs on a CPU), instead of in this process."""
     import random
 
     from rm.model import RewardModel
@@ -223,16 +233,53 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     groups = [order[k:k + seen] for k in range(0, len(ids), seen)] if seen else [order]
     forwards = [[g[i] for i in f] for g in groups
                 for f in plan_forwards([len(ids[i]) for i in g], budget, rows, padding)]
-    model.score_encoded([ids[i] for i in forwards[0]])  # warm-up
-    started = time.perf_counter()
-    done = 0
-    while done < 2 * len(ids) or time.perf_counter() - started < seconds:
-        for forward in forwards:
-            model.score_encoded([ids[i] for i in forward])
-        done += len(ids)
-    seconds = time.perf_counter() - started
-    print(f"score_load: offline {done} items (rows {rows}) in {seconds:.1f} s", file=sys.stderr)
+    forwards = [[ids[i] for i in forward] for forward in forwards]
+    if processes:
+        done, seconds = _pool_run(model_dir, forwards, processes, seconds)
+    else:
+        model.score_encoded(forwards[0])  # warm-up
+        started, done = time.perf_counter(), 0
+        while done < 2 * len(ids) or time.perf_counter() - started < seconds:
+            for forward in forwards:
+                model.score_encoded(forward)
+            done += len(ids)
+        seconds = time.perf_counter() - started
+    print(f"score_load: offline {done} items (rows {rows}, processes {processes}) in {seconds:.1f} s",
+          file=sys.stderr)
     return done / seconds
+
+
+def _pool_run(model_dir: str, forwards: list, processes: int, seconds: float) -> tuple[int, float]:
+    """Items done and seconds taken by `processes` forward processes (one feeding thread each)
+    going through `forwards` together, for at least `seconds`."""
+    import threading
+
+    from service.forward_pool import ForwardPool
+
+    pool = ForwardPool(model_dir, processes)
+    lock, progress = threading.Lock(), {"next": 0, "done": 0}
+
+    def feed(until: float) -> None:
+        while time.perf_counter() < until:
+            with lock:
+                forward = forwards[progress["next"] % len(forwards)]
+                progress["next"] += 1
+            pool.score_encoded(forward)
+            with lock:
+                progress["done"] += len(forward)
+
+    try:
+        for _ in range(processes):
+            pool.score_encoded(forwards[0])  # warm-up
+        started = time.perf_counter()
+        feeders = [threading.Thread(target=feed, args=(started + seconds,)) for _ in range(processes)]
+        for feeder in feeders:
+            feeder.start()
+        for feeder in feeders:
+            feeder.join()
+        return progress["done"], time.perf_counter() - started
+    finally:
+        pool.close()
 
 
 def forward_counters(port: int) -> dict:
@@ -315,21 +362,34 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     out = {"parameters": count_parameters(model.net),
            "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1)}
     seconds, device = args.offline_seconds, args.device
-    before = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
+    kind = "cuda" if device.startswith("cuda") else "cpu"
+    # the forward's two ways on this machine: this process with every thread, and as many forward
+    # processes as `bradley serve` starts here (0 on a GPU); the ceiling is the faster
+    ways = {"in_process": 0, "processes": forward_processes(None, kind)}
+    ways = {way: p for way, p in ways.items() if way == "in_process" or p}
+
+    def ceiling() -> dict:
+        return {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
+                                  processes=p) for way, p in ways.items()}
+
+    before = ceiling()
     single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=seconds / 2, device=device)
-    bound = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device, seen=CLIENTS,
-                         padding=AUTO_PADDING["cuda" if device.startswith("cuda") else "cpu"])
+    bound = {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
+                               seen=CLIENTS, padding=AUTO_PADDING[kind], processes=p)
+             for way, p in ways.items()}
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
     if "overhead" in n:
         out["overhead"] = overhead(folder, n["overhead"], env)
-    # other work on a shared machine moves every figure: the ceiling is the better of two
+    # other work on a shared machine moves every figure: the ceiling is the best of the
     # measurements taken around the served runs
-    after = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
-    out["ceiling_items_per_s"] = round(max(before, after), 1)
-    out["ceiling_before_after"] = [round(before, 1), round(after, 1)]
+    after = ceiling()
+    out["ceiling_items_per_s"] = round(max(*before.values(), *after.values()), 1)
+    out["ceiling_before_after"] = {way: [round(before[way], 1), round(after[way], 1)] for way in ways}
+    out["forward_processes"] = ways.get("processes", 0)
     out["offline_single_items_per_s"] = round(single, 1)
-    out["batch_bound_items_per_s"] = round(bound, 1)
-    out["ratio_vs_batch_bound"] = round(out["single"]["items_per_s"] / bound, 3)
+    out["batch_bound_items_per_s"] = round(max(bound.values()), 1)
+    out["batch_bound_by_way"] = {way: round(rate, 1) for way, rate in bound.items()}
+    out["ratio_vs_batch_bound"] = round(out["single"]["items_per_s"] / max(bound.values()), 3)
     out["per_request_bound"] = round(out["ceiling_items_per_s"] / single, 2)
     out["ratio_vs_offline"] = round(out["single"]["items_per_s"] / out["ceiling_items_per_s"], 3)
     out["batch8_ratio_vs_offline"] = round(out["batch8"]["items_per_s"] / out["ceiling_items_per_s"], 3)
@@ -373,11 +433,11 @@ def summary(results: dict, args) -> dict:
         "served_errors": sum(p["errors"] for p in served_phases),
         "requests_total": sum(p["requests"] for p in phases), "errors": sum(p["errors"] for p in phases),
         "ceiling": f"offline RewardModel.score_encoded on pre-tokenized items, globally length-sorted "
-                   f"forwards of <={args.batch_tokens} padded tokens, in the bench process with no server "
-                   f"running; the better of two {args.offline_seconds:g} s runs, before and after "
-                   "the served runs",
-        "threads": f"{args.torch_threads} intra-op thread(s) for the ceiling, the naive server and "
-                   "bradley serve alike (torch.set_num_threads, OMP_NUM_THREADS)",
+                   f"forwards of <={args.batch_tokens} padded tokens, with no server running; the "
+                   f"best of {args.offline_seconds:g} s runs before and after the served runs, in "
+                   "the bench process and on the forward processes bradley serve runs",
+        "threads": f"{args.torch_threads} intra-op thread(s) for the in-process ceiling and the "
+                   "naive server (torch.set_num_threads, OMP_NUM_THREADS); one per forward process",
         "torch_threads": args.torch_threads, "batch_tokens": args.batch_tokens, "scale": args.scale,
         "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
         "models": results}

@@ -1,13 +1,14 @@
 """Dynamic micro-batching for /score: many small requests, one model worker, few large forwards.
 
 Requests arrive already tokenized (token-id lists) together with the scorer they were tokenized for,
-and wait in one queue. A single worker thread takes the oldest request, keeps collecting until the
+and wait in one queue. A worker thread takes the oldest request, keeps collecting until the
 batch holds `max_batch_items` items or `max_batch_tokens` tokens or `max_wait_s` has passed since that
 request arrived, sorts the items of the batch by length (so rows of similar length share a forward
 and padding stays small), cuts them into forwards of at most `max_batch_tokens` padded tokens
 (rows x longest row) and `max_padding` wasted tokens per real one, and hands each forward to the
 scorer. Scores go back to each request's event loop in one call per batch, for the requests whose
-every row is scored.
+every row is scored. There is one worker unless the scorer runs forwards elsewhere (on a CPU,
+service/forward_pool.py: a process per worker), where each worker collects and runs batches of its own.
 
 Fairness: a request bigger than what is left of a batch's budget gives the batch only the rows that
 fit, and its remaining rows go to the back of the queue, so requests that arrived meanwhile are
@@ -130,8 +131,8 @@ class Batcher:
         self._queued_items = 0
         self._cond = threading.Condition()
         self._closing = False
-        self._thread: threading.Thread | None = None
-        self.stats = {"batches": 0, "forwards": 0, "items": 0}
+        self._threads: list[threading.Thread] = []
+        self.stats = {"batches": 0, "forwards": 0, "items": 0}  # updated under self._cond
 
     # -- client side (event loop) ----------------------------------------------------------------
 
@@ -168,10 +169,14 @@ class Batcher:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self) -> Batcher:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name="bradley-batcher", daemon=True)
-            self._thread.start()
+    def start(self, workers: int = 1) -> Batcher:
+        """Run `workers` worker threads (more than one only for a scorer that forwards outside this
+        process); a later call with more starts the missing ones."""
+        while len(self._threads) < workers:
+            thread = threading.Thread(target=self._work, daemon=True,
+                                      name=f"bradley-batcher-{len(self._threads)}")
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def hurry(self) -> None:
@@ -186,23 +191,28 @@ class Batcher:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            return not self._thread.is_alive()
-        return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     # -- worker side -----------------------------------------------------------------------------
 
     def _work(self) -> None:
         while (pieces := self._collect()) is not None:
             self._run(pieces)
+            self._finish(pieces)
+            del pieces  # while waiting, hold no job: a swapped-out model goes with its last one
+
+    def _finish(self, pieces: list[_Piece]) -> None:
+        finished = {}
+        with self._cond:  # another worker may be scoring other rows of the same job
             self.stats["batches"] += 1
-            finished = {}
             for piece in pieces:
                 piece.job.done += piece.end - piece.start
                 if piece.job.done == len(piece.job.ids):
                     finished[id(piece.job)] = piece.job
-            _deliver(list(finished.values()))
+        _deliver(list(finished.values()))
 
     def _collect(self) -> list[_Piece] | None:
         """Block for the oldest job, then gather rows until a limit or its wait deadline. A job that
@@ -260,8 +270,9 @@ class Batcher:
             for job, _ in pending:
                 job.error = exc
             return
-        self.stats["forwards"] += 1
-        self.stats["items"] += len(pending)
+        with self._cond:
+            self.stats["forwards"] += 1
+            self.stats["items"] += len(pending)
         if self.on_forward is not None:
             longest = max(len(row) for row in batch)
             self.on_forward(len(batch), sum(len(row) for row in batch), longest * len(batch),

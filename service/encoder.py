@@ -89,11 +89,16 @@ class EncodeQueue:
                 if not self._pending:
                     return
                 taken, self._pending = self._pending, []
-            by_model: dict[int, list[_Request]] = {}
-            for request in taken:
-                by_model.setdefault(id(request.rm), []).append(request)
-            results = [pair for group in by_model.values() for pair in _encode_group(group)]
-            _deliver([pair for pair in results if not _handed_on(*pair)])
+            _encode_round(taken)
+            del taken  # while waiting, hold no request: a swapped-out model goes with its last one
+
+
+def _encode_round(taken: list[_Request]) -> None:
+    by_model: dict[int, list[_Request]] = {}
+    for request in taken:
+        by_model.setdefault(id(request.rm), []).append(request)
+    results = [pair for group in by_model.values() for pair in _encode_group(group)]
+    _deliver([pair for pair in results if not _handed_on(*pair)])
 
 
 def _encode_group(group: list[_Request]) -> list[tuple[_Request, object]]:

@@ -1,7 +1,8 @@
 """What one running server holds: settings, the store (the single DuckDB writer), the served model,
 the batcher and the metrics, with the operations the routes call.
 
-Concurrency: the event loop serves HTTP; one batcher thread runs every model forward; one store
+Concurrency: the event loop serves HTTP; one batcher thread runs every model forward (on a CPU with
+2 or more cores, one thread per forward process, service/forward_pool.py); one store
 thread runs every DuckDB statement (DuckDB allows one writer, and one connection must not be used by
 two threads at once), so uploads, reports and model look-ups queue there in arrival order while
 /score never waits for the store.
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -22,6 +24,7 @@ from rm.verifier_pool import VerifierPool
 from service.advantages import PassRates
 from service.batcher import Batcher
 from service.encoder import EncodeQueue
+from service.forward_pool import ForwardPool
 from service.metrics import Metrics
 from service.payloads import Limits, PayloadError, text_chars
 from service.registry import check_row
@@ -82,7 +85,9 @@ class RowsRefused(ValueError):
 class LoadedModel:
     id: str
     path: str
-    rm: object  # rm.model.RewardModel (imported lazily: it pulls in torch)
+    rm: object  # rm.model.RewardModel (imported lazily: it pulls in torch); it tokenizes
+    scorer: Callable[[list[list[int]]], list[float]]  # rm.score_encoded, or its forward pool's
+    pool: ForwardPool | None = None
 
 
 class Service:
@@ -138,6 +143,8 @@ class Service:
         drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
+        if self.current is not None and self.current.pool is not None:
+            self.current.pool.close()  # a swapped-out model's pool closes when it is collected
         self.verifiers.close()
         self._store_thread.shutdown(wait=True)
         for encoder in self._encoders.values():
@@ -155,7 +162,12 @@ class Service:
         model_id, path = self._resolve(ref)
         rm = RewardModel.load(path, device=self.settings.device)
         _set_threads(self.settings.torch_threads, rm.device.type)
-        return LoadedModel(model_id or rm.model_id or Path(path).name, str(path), rm)
+        model_id = model_id or rm.model_id or Path(path).name
+        processes = forward_processes(self.settings.forward_processes, rm.device.type)
+        if not processes:
+            return LoadedModel(model_id, str(path), rm, rm.score_encoded)
+        pool = ForwardPool(path, processes)
+        return LoadedModel(model_id, str(path), rm, pool.score_encoded, pool)
 
     def _resolve(self, ref: str) -> tuple[str | None, str]:
         """(store id or None for a bare folder, folder)."""
@@ -174,6 +186,8 @@ class Service:
         padding, tokens = self.settings.max_padding, self.settings.max_batch_tokens
         self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
         self.batcher.max_batch_tokens = tokens or AUTO_BATCH_TOKENS.get(device, 65536)
+        if loaded.pool is not None:
+            self.batcher.start(loaded.pool.processes)  # one worker per process
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
         self.metrics.on_model(loaded.id)
         log.info("serving model %s from %s", loaded.id, loaded.path)
@@ -208,11 +222,11 @@ class Service:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
         if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:  # tokenized, then scored
             scores = await self._batched_encoder.encode(
-                loaded.rm, prompts, responses, then=partial(self.batcher.submit, loaded.rm.score_encoded))
+                loaded.rm, prompts, responses, then=partial(self.batcher.submit, loaded.scorer))
         else:
             ids = await asyncio.get_running_loop().run_in_executor(
                 self._encoders["large"], loaded.rm.encode, prompts, responses)
-            scores = await self.batcher.score(loaded.rm.score_encoded, ids)
+            scores = await self.batcher.score(loaded.scorer, ids)
         self.metrics.on_scores(responses, scores)
         return loaded.id, scores
 
@@ -311,6 +325,21 @@ class Service:
                                "was not stored (Label Studio accepted it, bradley cannot read it "
                                "as a verdict)") from None
         return {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
+
+
+def forward_processes(setting: int | None, device: str) -> int:
+    """Forward processes for a model on `device`: on a CPU the setting, or one per usable core when
+    there are 2 or more; on a GPU none (one process keeps one copy of the weights on the device).
+
+    >>> forward_processes(None, "cuda"), forward_processes(3, "cpu"), forward_processes(0, "cpu")
+    (0, 3, 0)
+    """
+    if device != "cpu":
+        return 0
+    if setting is not None:
+        return setting
+    cores = len(os.sched_getaffinity(0))
+    return cores if cores >= 2 else 0
 
 
 def _set_threads(threads: int | None, device: str) -> None:

@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     model: str | None = None              # model id in the store, or a model folder
     device: str = "auto"
     torch_threads: int | None = Field(None, ge=1)  # forward threads (default: every usable core)
+    # CPU only: processes that run the forwards, one thread each (service/forward_pool.py); unset:
+    # one per usable core when there are 2 or more. 0: forwards in this process, torch_threads.
+    forward_processes: int | None = Field(None, ge=0, le=64)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     # Comma-separated in the environment; NoDecode keeps pydantic-settings from expecting JSON.

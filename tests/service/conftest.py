@@ -24,19 +24,22 @@ SEP = "\n\nAssistant:"
 @pytest.fixture(scope="session", autouse=True)
 def one_forward_thread():
     """The service gives its model every core by default; tests share 2 cores with the rest of the
-    suite, so servers here run one forward thread, and the session's thread count is restored."""
+    suite, so servers here run one forward thread in their own process (tests/service/
+    test_forward_pool.py runs forward processes), and the session's settings are restored."""
     import os
 
     import torch
 
-    previous, saved = torch.get_num_threads(), os.environ.get("BRADLEY_TORCH_THREADS")
-    os.environ["BRADLEY_TORCH_THREADS"] = "1"
+    wanted = {"BRADLEY_TORCH_THREADS": "1", "BRADLEY_FORWARD_PROCESSES": "0"}
+    previous, saved = torch.get_num_threads(), {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
     yield
     torch.set_num_threads(previous)
-    if saved is None:
-        os.environ.pop("BRADLEY_TORCH_THREADS", None)
-    else:
-        os.environ["BRADLEY_TORCH_THREADS"] = saved
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
 
 
 @pytest.fixture(scope="session")
