@@ -36,7 +36,12 @@ START_TIMEOUT_S = 300.0  # import torch and transformers, load the weights
 
 
 class ForwardProcessError(RuntimeError):
-    """A forward process could not start, or died; the message says which and why."""
+    """A forward process could not start, or a forward failed in it; the message says why."""
+
+
+class ForwardProcessExited(ForwardProcessError):
+    """The process died during this forward and was replaced: retrying works (the HTTP edge
+    answers 503 with Retry-After)."""
 
 
 def pack_rows(rows: list[list[int]]) -> bytes:
@@ -119,8 +124,8 @@ class ForwardPool:
             answer = worker[1].recv_bytes()
         except (EOFError, OSError):
             worker, failed = self._replace(worker)
-            raise failed or ForwardProcessError("a forward process exited during a forward; it "
-                                                "was replaced, retry the request") from None
+            raise failed or ForwardProcessExited("a forward process exited during a forward; it "
+                                                 "was replaced, retry the request") from None
         finally:
             self._idle.put(worker)
         if answer[:1] != b"S":

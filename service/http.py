@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from service import batcher, payloads, runtime
+from service import batcher, forward_pool, payloads, runtime
 
 log = logging.getLogger("bradley.service")
 
@@ -39,6 +39,7 @@ ERROR_STATUS: list[tuple[type[BaseException], int]] = [
     (runtime.Unavailable, 501),
     (runtime.NotReady, 503),
     (batcher.BatcherError, 503),
+    (forward_pool.ForwardProcessExited, 503),
     (ValueError, 422),
 ]
 

@@ -14,7 +14,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from service.batcher import Batcher
-from service.forward_pool import ForwardPool, ForwardProcessError
+from service.forward_pool import ForwardPool, ForwardProcessError, ForwardProcessExited
+from service.http import error_response
 from tests.service.conftest import API_KEY, make_db
 
 
@@ -46,8 +47,9 @@ def test_a_forward_process_scores_exactly_as_the_model_here(pool, offline, ids):
 
 
 def test_a_bad_forward_fails_with_the_models_message_and_the_process_lives_on(pool, offline, ids):
-    with pytest.raises(ForwardProcessError, match="cannot score an empty token sequence"):
+    with pytest.raises(ForwardProcessError, match="cannot score an empty token sequence") as err:
         pool.score_encoded([ids[0], []])
+    assert error_response(err.value).status_code == 500  # a server fault, not the client's
     assert pool.score_encoded(ids[:2]) == offline["rm-tiny-a"].score_encoded(ids[:2])
 
 
@@ -55,8 +57,10 @@ def test_a_killed_process_fails_its_forward_and_is_replaced(pool, offline, ids):
     victim = pool._workers[0][0]
     os.kill(victim.pid, signal.SIGKILL)
     assert gone(victim)
-    with pytest.raises(ForwardProcessError, match="exited during a forward; it was replaced"):
+    with pytest.raises(ForwardProcessExited, match="exited during a forward; it was replaced") as err:
         pool.score_encoded(ids[:3])
+    answer = error_response(err.value)  # what the client of that forward gets: retry later
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "1"
     assert pool._workers[0][0] is not victim and pool.processes == 1
     assert pool.score_encoded(ids[:3]) == offline["rm-tiny-a"].score_encoded(ids[:3])
 
