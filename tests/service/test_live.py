@@ -247,22 +247,25 @@ def test_reports_json_and_html(http, auth):
 
 def test_hot_swap_under_load_fails_no_request(live, http, auth, hh_items, offline):
     stop, seen, failures = threading.Event(), [], []
+    answered = [threading.Event() for _ in range(8)]  # each client's first answer came back
 
-    def load():
+    def load(first: threading.Event):
         with httpx.Client(base_url=live.url, timeout=60) as c:
             mine = []
-            while not stop.is_set():
+            while not stop.is_set() or not first.is_set():
                 r = c.post("/score", json=score_body(hh_items[:3]))
                 if r.status_code != 200:
                     failures.append(r.text)
                 else:
                     mine.append(r.json()["model"])
+                first.set()
             seen.append(mine)
 
-    threads = [threading.Thread(target=load) for _ in range(8)]
+    threads = [threading.Thread(target=load, args=(first,)) for first in answered]
     for t in threads:
         t.start()
     try:
+        assert all(first.wait(60) for first in answered)  # every client is under way: then swap
         swapped = http.post("/models/rm-tiny-b/load", headers=auth)
         assert swapped.status_code == 200 and swapped.json()["model"] == "rm-tiny-b"
         after = http.post("/score", json=score_body(hh_items[:3])).json()
