@@ -34,7 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.score_load import MODELS, cpu_seconds, free_port, hh_items, start, stop  # noqa: E402
+from bench.load import cpu_seconds  # noqa: E402
+from bench.score_load import MODELS, free_port, hh_items, start, stop  # noqa: E402
 
 ABUSER_ADDRESS = "127.0.0.2"  # the whole 127.0.0.0/8 is loopback on Linux
 PROBE_EVERY_S = 0.02

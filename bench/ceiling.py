@@ -28,9 +28,8 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     ids = model.encode([p for p, _ in items], [r for _, r in items])
     order = random.Random(0).sample(range(len(ids)), len(ids))
     groups = [order[k:k + seen] for k in range(0, len(ids), seen)] if seen else [order]
-    forwards = [[g[i] for i in f] for g in groups
+    forwards = [[ids[g[i]] for i in f] for g in groups
                 for f in plan_forwards([len(ids[i]) for i in g], budget, rows, padding)]
-    forwards = [[ids[i] for i in forward] for forward in forwards]
     if processes:
         done, seconds = _pool_run(model_dir, forwards, processes, seconds)
     else:

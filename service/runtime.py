@@ -86,8 +86,11 @@ class LoadedModel:
     id: str
     path: str
     rm: object  # rm.model.RewardModel (imported lazily: it pulls in torch); it tokenizes
-    scorer: Callable[[list[list[int]]], list[float]]  # rm.score_encoded, or its forward pool's
-    pool: ForwardPool | None = None
+    pool: ForwardPool | None = None  # on a CPU: the processes that run its forwards
+
+    @property
+    def scorer(self) -> Callable[[list[list[int]]], list[float]]:
+        return self.pool.score_encoded if self.pool is not None else self.rm.score_encoded
 
 
 class Service:
@@ -164,10 +167,7 @@ class Service:
         _set_threads(self.settings.torch_threads, rm.device.type)
         model_id = model_id or rm.model_id or Path(path).name
         processes = forward_processes(self.settings.forward_processes, rm.device.type)
-        if not processes:
-            return LoadedModel(model_id, str(path), rm, rm.score_encoded)
-        pool = ForwardPool(path, processes)
-        return LoadedModel(model_id, str(path), rm, pool.score_encoded, pool)
+        return LoadedModel(model_id, str(path), rm, ForwardPool(path, processes) if processes else None)
 
     def _resolve(self, ref: str) -> tuple[str | None, str]:
         """(store id or None for a bare folder, folder)."""

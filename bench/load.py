@@ -1,0 +1,97 @@
+"""The load generator of the /score benches: concurrent keep-alive clients in raw asyncio (a few
+microseconds per request), the CPU each side used, and the server's forward counters meanwhile
+(bench/score_load.py, bench/abuse.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import resource
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+from bench.common import post
+
+CLIENTS = 64
+
+
+async def _one_client(port: int, bodies: list[bytes], latencies: list[float], errors: list) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for body in bodies:
+            status, _, seconds = await post(reader, writer, body)
+            latencies.append(seconds)
+            if status != 200:
+                errors.append(status)
+    except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+        errors.append(type(exc).__name__)
+    finally:
+        writer.close()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds so far of a process and its live children (a server's forward
+    processes), from Linux /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+                for c in (task / "children").read_text().split()}
+    return own + sum(cpu_seconds(child) for child in children if Path(f"/proc/{child}").exists())
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> dict:
+    """64 clients, each sending its share of `requests` one after another; `pid` is the server's."""
+    bodies = []
+    for i in range(requests):
+        chosen = [items[(i * per_request + k) % len(items)] for k in range(per_request)]
+        bodies.append(json.dumps({"items": [{"prompt": p, "response": r} for p, r in chosen]}).encode())
+    latencies: list[float] = []
+    errors: list = []
+
+    async def main():
+        shares = [bodies[c::CLIENTS] for c in range(CLIENTS)]
+        await asyncio.gather(*(_one_client(port, s, latencies, errors) for s in shares if s))
+
+    server_cpu, client_cpu, started = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
+    asyncio.run(main())
+    seconds = time.perf_counter() - started
+    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, own_cpu_seconds() - client_cpu
+    latencies.sort()
+    print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr)
+    pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
+    return {"requests": requests, "seconds": round(seconds, 2),
+            "items_per_s": round(requests * per_request / seconds, 1),
+            "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
+            "error_kinds": sorted({str(e) for e in errors})[:5],
+            "server_cpu_share": round(server_cpu / seconds, 2),
+            "client_cpu_share": round(client_cpu / seconds, 2)}
+
+
+def forward_counters(port: int) -> dict:
+    """The batcher's forward series from the server's /metrics: seconds in forwards, forwards, rows."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    wanted = ("bradley_forward_seconds_sum", "bradley_forward_rows_count", "bradley_forward_rows_sum")
+    return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
+            if line.split(" ", 1)[0] in wanted}
+
+
+def drive_measured(port: int, items: list, requests: int, per_request: int, pid: int) -> dict:
+    """`drive`, plus what the model did meanwhile: `forward_busy` (share of the time the batcher
+    was in a forward: near 1, the model is the limit, not the server's other work), rows per
+    forward and `forward_items_per_s` (items per second of forward)."""
+    before = forward_counters(port)
+    out = drive(port, items, requests, per_request, pid)
+    spent = {k: v - before.get(k, 0.0) for k, v in forward_counters(port).items()}
+    seconds, forwards = spent["bradley_forward_seconds_sum"], spent["bradley_forward_rows_count"]
+    rows = spent["bradley_forward_rows_sum"]
+    return out | {"forward_busy": round(seconds / out["seconds"], 3),
+                  "rows_per_forward": round(rows / max(forwards, 1), 1),
+                  "forward_items_per_s": round(rows / seconds, 1) if seconds else None}
