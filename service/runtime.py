@@ -37,7 +37,7 @@ UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
 # Tokenization never runs on the event loop (a 7.5 MB request took it 4.5 s, issue 14). Requests
 # with more characters than this go to a lane of their own, so a small request never waits behind
 # a large one's tokenization (each lane is one thread: they share the GIL with the loop, which the
-# interpreter hands over every 5 ms, sys.getswitchinterval).
+# interpreter hands over every switch interval: 0.5 ms while serving, service.app.tune_interpreter).
 SMALL_REQUEST_CHARS = 16_384
 # Padding allowed per real token when BRADLEY_MAX_PADDING is unset. Measured here (2-core CPU, 64
 # single-sample clients, 2 forward threads): the 5M model (~114 tokens/item) is compute-bound and
