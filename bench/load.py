@@ -1,5 +1,6 @@
 """The load generator of the /score benches: concurrent keep-alive clients in raw asyncio (a few
-microseconds per request), the CPU each side used, and the server's forward counters meanwhile
+microseconds per request), the CPU each side used (the server's with and without its forward
+processes), and the server's forward counters meanwhile
 (bench/score_load.py, bench/abuse.py)."""
 
 from __future__ import annotations
@@ -32,14 +33,16 @@ async def _one_client(port: int, bodies: list[bytes], latencies: list[float], er
         writer.close()
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds so far of a process and its live children (a server's forward
-    processes), from Linux /proc."""
+def cpu_seconds(pid: int, children: bool = True) -> float:
+    """User + system CPU seconds so far of a process and (`children`) its live children (a
+    server's forward processes), from Linux /proc."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    children = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-                for c in (task / "children").read_text().split()}
-    return own + sum(cpu_seconds(child) for child in children if Path(f"/proc/{child}").exists())
+    if not children:
+        return own
+    kids = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
+            for c in (task / "children").read_text().split()}
+    return own + sum(cpu_seconds(kid) for kid in kids if Path(f"/proc/{kid}").exists())
 
 
 def own_cpu_seconds() -> float:
@@ -60,10 +63,12 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
         shares = [bodies[c::CLIENTS] for c in range(CLIENTS)]
         await asyncio.gather(*(_one_client(port, s, latencies, errors) for s in shares if s))
 
-    server_cpu, client_cpu, started = cpu_seconds(pid), own_cpu_seconds(), time.perf_counter()
+    server_cpu, process_cpu = cpu_seconds(pid), cpu_seconds(pid, children=False)
+    client_cpu, started = own_cpu_seconds(), time.perf_counter()
     asyncio.run(main())
     seconds = time.perf_counter() - started
     server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, own_cpu_seconds() - client_cpu
+    process_cpu = cpu_seconds(pid, children=False) - process_cpu
     latencies.sort()
     print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr)
     pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
@@ -72,6 +77,9 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
             "error_kinds": sorted({str(e) for e in errors})[:5],
             "server_cpu_share": round(server_cpu / seconds, 2),
+            # the server process alone, without its forward processes: HTTP, decoding, tokenizing,
+            # batching (what caps a server whose forwards run elsewhere, on a GPU)
+            "server_process_cpu_ms_per_request": round(1000 * process_cpu / requests, 3),
             "client_cpu_share": round(client_cpu / seconds, 2)}
 
 

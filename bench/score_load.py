@@ -30,7 +30,10 @@ Goals: ratio_vs_offline >= 0.8 for both models and both request sizes, ratio_vs_
 Fairness: the in-process ceiling and the naive server use --torch-threads (default: every core this
 process may use), as would `bradley serve` with BRADLEY_FORWARD_PROCESSES=0; its forward processes
 and the ceiling measured on them use one each. Each phase reports the CPU share (cores busy) of the
-server (with its forward processes) and of the clients.
+server (with its forward processes) and of the clients, and `server_process_cpu_ms_per_request`:
+the server process's own CPU per request, without its forward processes (HTTP, decoding,
+tokenizing, batching: what caps a server whose forwards run on a GPU); the summary's
+`process_cpu_ms_per_request` has it for the tiny model, 1-token items and hello-world.
 
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
@@ -260,6 +263,10 @@ def cheap_model_figures(tiny: dict | None) -> dict:
                    tiny["batch_bound_items_per_s"] / tiny["ceiling_items_per_s"], 3)}
     if "overhead" in tiny:
         figures["overhead_ratio_vs_hello"] = tiny["overhead"]["overhead_ratio_vs_hello"]
+        figures["process_cpu_ms_per_request"] = {  # the server process alone (no forward processes)
+            "tiny": tiny["single"]["server_process_cpu_ms_per_request"],
+            "one_token": tiny["overhead"]["one_token"]["server_process_cpu_ms_per_request"],
+            "hello": tiny["overhead"]["hello"]["server_process_cpu_ms_per_request"]}
     return figures
 
 
