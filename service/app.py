@@ -126,7 +126,7 @@ def tune_interpreter() -> None:
     A /score request crosses threads three times (event loop, tokenizer thread, batcher worker,
     event loop), and a thread woken while another runs Python waits for the interpreter lock until
     the switch interval ends: 5 ms by default, longer than a cheap model's forward. At 0.5 ms,
-    1-token requests (the server's own cost) went from 1,860-1,915 to 2,430-2,480/s, p50 35 -> 25
+    1-token requests (the server's own cost) went from 1,860-1,915 to 2,385-2,476/s, p50 35 -> 25
     ms, at the same CPU per request (2 cores, tiny model, 64 clients, issue 20); 0.2 and 0.1 ms
     were slower again (1,930 and 2,150/s), from switching itself.
     """
