@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.load import cpu_seconds  # noqa: E402
+from bench.common import process_cpu  # noqa: E402
 from bench.score_load import MODELS, free_port, hh_items, start, stop  # noqa: E402
 
 ABUSER_ADDRESS = "127.0.0.2"  # the whole 127.0.0.0/8 is loopback on Linux
@@ -104,10 +104,10 @@ def phase(port: int, pid: int, normal: list[bytes], abusive: bytes, args, abuser
                         source=ABUSER_ADDRESS) for _ in range(abusers)]
         await asyncio.gather(*tasks)
 
-    cpu, started = cpu_seconds(pid), time.perf_counter()
+    cpu, started = process_cpu(pid)[1], time.perf_counter()
     asyncio.run(main())
     seconds = time.perf_counter() - started
-    out = {"server_cpu_share": round((cpu_seconds(pid) - cpu) / seconds, 2)}
+    out = {"server_cpu_share": round((process_cpu(pid)[1] - cpu) / seconds, 2)}
     for name, r in results.items():
         lat = sorted(r["latencies"])
         out[name] = {"requests": len(lat), "p50_ms": percentile_ms(lat, 0.5),

@@ -83,6 +83,34 @@ async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body:
     return status, payload, time.perf_counter() - started
 
 
+def process_cpu(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) so far of a process: (its own, with its live descendants: a
+    server's forward processes or verifier workers), from Linux /proc. A descendant that exits
+    while it is read counts no more."""
+    own = _cpu_of(pid)
+    total, seen, todo = own, {pid}, [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            kids = {int(c) for task in Path(f"/proc/{parent}/task").iterdir()
+                    for c in (task / "children").read_text().split()}
+        except OSError:
+            continue
+        for kid in kids - seen:
+            seen.add(kid)
+            try:
+                total += _cpu_of(kid)
+            except OSError:
+                continue
+            todo.append(kid)
+    return own, total
+
+
+def _cpu_of(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def spawn(argv: list[str], url: str, seconds: float, what: str, env: dict | None = None):
     """Start a server the bench drives and wait until `url` answers 200 (`wait_ready`). Its
     stdout and stderr go to a temporary file, whose tail the error quotes if it never gets ready:

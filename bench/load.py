@@ -7,14 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import resource
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-from bench.common import post
+from bench.common import post, process_cpu
 
 CLIENTS = 64
 
@@ -33,23 +30,6 @@ async def _one_client(port: int, bodies: list[bytes], latencies: list[float], er
         writer.close()
 
 
-def cpu_seconds(pid: int, children: bool = True) -> float:
-    """User + system CPU seconds so far of a process and (`children`) its live children (a
-    server's forward processes), from Linux /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    if not children:
-        return own
-    kids = {int(c) for task in Path(f"/proc/{pid}/task").iterdir()
-            for c in (task / "children").read_text().split()}
-    return own + sum(cpu_seconds(kid) for kid in kids if Path(f"/proc/{kid}").exists())
-
-
-def own_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
-
-
 def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> dict:
     """64 clients, each sending its share of `requests` one after another; `pid` is the server's."""
     bodies = []
@@ -63,12 +43,13 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
         shares = [bodies[c::CLIENTS] for c in range(CLIENTS)]
         await asyncio.gather(*(_one_client(port, s, latencies, errors) for s in shares if s))
 
-    server_cpu, process_cpu = cpu_seconds(pid), cpu_seconds(pid, children=False)
-    client_cpu, started = own_cpu_seconds(), time.perf_counter()
+    (own_cpu, server_cpu), client_cpu = process_cpu(pid), time.process_time()
+    started = time.perf_counter()
     asyncio.run(main())
     seconds = time.perf_counter() - started
-    server_cpu, client_cpu = cpu_seconds(pid) - server_cpu, own_cpu_seconds() - client_cpu
-    process_cpu = cpu_seconds(pid, children=False) - process_cpu
+    own_after, server_after = process_cpu(pid)
+    own_cpu, server_cpu = own_after - own_cpu, server_after - server_cpu
+    client_cpu = time.process_time() - client_cpu
     latencies.sort()
     print(f"score_load: {requests} requests of {per_request} in {seconds:.1f} s", file=sys.stderr)
     pick = lambda q: round(1000 * latencies[min(len(latencies) - 1, int(q * len(latencies)))], 2)  # noqa: E731
@@ -79,7 +60,7 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
             "server_cpu_share": round(server_cpu / seconds, 2),
             # the server process alone, without its forward processes: HTTP, decoding, tokenizing,
             # batching (what caps a server whose forwards run elsewhere, on a GPU)
-            "server_process_cpu_ms_per_request": round(1000 * process_cpu / requests, 3),
+            "server_process_cpu_ms_per_request": round(1000 * own_cpu / requests, 3),
             "client_cpu_share": round(client_cpu / seconds, 2)}
 
 

@@ -40,7 +40,7 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post, spawn, stop  # noqa: E402
+from bench.common import post, process_cpu, spawn, stop  # noqa: E402
 from service.ports import free_port  # noqa: E402
 
 KEY = "bench-verify-load-key-0123"
@@ -85,29 +85,6 @@ def in_process(items: list[dict], seconds: float) -> tuple[float, float]:
     return done / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu) / done
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) of a process and its live descendants (the verifier workers)."""
-    parents: dict[int, int] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        parents[int(stat.parent.name)] = int(fields[1])
-    tree, grew = {pid}, True
-    while grew:
-        more = {p for p, parent in parents.items() if parent in tree} - tree
-        tree, grew = tree | more, bool(more)
-    total = 0.0
-    for p in tree:
-        try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
 async def _client(port: int, bodies: list[bytes], out: dict, key: str | None) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -138,10 +115,10 @@ def drive(port: int, bodies: list[bytes], items_per_request: int, pid: int,
         await asyncio.gather(*(_client(port, bodies[c::CLIENTS], out, key) for c in range(CLIENTS)
                                if bodies[c::CLIENTS]))
 
-    started, cpu, own = time.perf_counter(), tree_cpu_seconds(pid), time.process_time()
+    started, cpu, own = time.perf_counter(), process_cpu(pid)[1], time.process_time()
     asyncio.run(main())
     seconds = time.perf_counter() - started
-    cpu, own = tree_cpu_seconds(pid) - cpu, time.process_time() - own
+    cpu, own = process_cpu(pid)[1] - cpu, time.process_time() - own
     n_items = len(bodies) * items_per_request
     lat = sorted(out["latencies"])
     pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
