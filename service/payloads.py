@@ -199,7 +199,7 @@ def _jsonl(text: str) -> list:
 
 def parse_score(value, limits: Limits) -> ScoreRequest:
     """`{"items": [{"prompt": str | messages, "response": str}], "group_size"?, "advantage"?}`."""
-    _expect_object(value)
+    expect_object(value)
     items = value.get("items")
     if not isinstance(items, list) or not items:
         raise PayloadError("items", "must be a non-empty list of {\"prompt\", \"response\"} objects")
@@ -297,7 +297,7 @@ def parse_get_reward(value, limits: Limits) -> GetRewardRequest:
     Each query is prompt + response as one decoded text; the model's template (rm/template.py)
     splits it, so only shapes and sizes are checked here. `max_items` is the larger /get_reward cap.
     """
-    _expect_object(value)
+    expect_object(value)
     query, single = value.get("query"), isinstance(value.get("query"), str)
     queries = [query] if single else query
     if not isinstance(queries, list) or not queries:
@@ -322,48 +322,6 @@ def _parallel(value: dict, key: str, n: int, single: bool) -> list | None:
     if not isinstance(given, list) or len(given) != n:
         raise PayloadError(key, f"must be a list as long as query ({n})")
     return given
-
-
-WEBHOOK_VERDICTS = ("ANNOTATION_CREATED", "ANNOTATION_UPDATED")
-WEBHOOK_DELETED = "ANNOTATIONS_DELETED"
-
-
-def webhook_event(value) -> tuple[str, object] | None:
-    """A Label Studio webhook body -> ("verdict", one task of its JSON export holding just that
-    annotation), ("deleted", [annotation ids]) or None for actions that carry no verdict
-    (TASKS_CREATED, ...). Only the fields a judgment needs are kept: the body also carries the
-    project's access token, which must go no further.
-
-    >>> webhook_event({"action": "ANNOTATIONS_DELETED", "annotations": [{"id": 4}, {"id": 5}]})
-    ('deleted', [4, 5])
-    """
-    _expect_object(value)
-    action = value.get("action")
-    if not isinstance(action, str):
-        raise PayloadError("action", "missing; is this a Label Studio webhook?")
-    if action == WEBHOOK_DELETED:
-        return "deleted", _deleted_ids(value.get("annotations"))
-    if action not in WEBHOOK_VERDICTS:
-        return None
-    annotation, task = value.get("annotation"), value.get("task")
-    if not isinstance(annotation, dict):
-        raise PayloadError("annotation", "must be an object")
-    if not isinstance(task, dict) or not isinstance(task.get("data"), dict):
-        raise PayloadError("task.data", f"annotation {annotation.get('id')!r:.20}: the task is "
-                           "missing; expected an object with prompt, answer1 and answer2")
-    kept = {k: annotation.get(k) for k in
-            ("id", "result", "completed_by", "created_at", "updated_at", "was_cancelled", "project")}
-    return "verdict", {"id": task.get("id"), "data": task["data"], "annotations": [kept]}
-
-
-def _deleted_ids(annotations) -> list[int]:
-    if not isinstance(annotations, list) or not annotations:
-        raise PayloadError("annotations", "must be a non-empty list of {\"id\": N} objects")
-    ids = [a.get("id") if isinstance(a, dict) else None for a in annotations]
-    bad = next((i for i, v in enumerate(ids) if not isinstance(v, int) or isinstance(v, bool)), None)
-    if bad is not None:
-        raise PayloadError(f"annotations[{bad}].id", "must be an integer annotation id")
-    return ids
 
 
 def check_text(value, field: str, limits: Limits) -> str:
@@ -401,7 +359,7 @@ def _group_size(value, n_items: int) -> int | None:
     return value
 
 
-def _expect_object(value) -> None:
+def expect_object(value) -> None:
     if not isinstance(value, dict):
         raise PayloadError("body", f"must be a JSON object, not {_kind(value)}")
 

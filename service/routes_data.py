@@ -10,8 +10,9 @@ from fastapi import APIRouter, Request
 from starlette.responses import HTMLResponse, JSONResponse
 
 from service.deps import JsonBody, Keyed, Records, WebhookCaller
-from service.payloads import PayloadError, webhook_event
+from service.payloads import PayloadError
 from service.runtime import NotFound, Unavailable
+from service.webhook import webhook_event
 
 router = APIRouter()
 REPORT_TYPES = {"": "json", ".json": "json", ".html": "html"}

@@ -301,7 +301,7 @@ class Service:
         return result
 
     async def label_studio_event(self, kind: str, payload) -> dict:
-        """A Label Studio webhook event (service.payloads.webhook_event): a verdict is ingested
+        """A Label Studio webhook event (service.webhook.webhook_event): a verdict is ingested
         like an export (an edit replaces, a cancelled annotation retracts), deleted annotations are
         retracted. An invalid annotation is a 422 naming it, and nothing is stored."""
         from annotation import ls_ledger, ls_mapping
