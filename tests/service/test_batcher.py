@@ -186,3 +186,24 @@ def test_a_large_request_does_not_hold_small_ones_behind_it():
     assert scorer.calls[0] == [[0] * 10, [1] * 10]
     assert any([7] in call for call in scorer.calls[1:3]), scorer.calls[:3]
     assert max(sum(map(len, call)) for call in scorer.calls) <= 20 + 10
+
+
+def test_workers_share_one_plan_so_rows_of_one_length_meet_in_one_forward():
+    """Two workers, a pool of 2 x 4 items: eight waiting 1-row requests of lengths 1,5,1,5,...
+    are sorted together, so the four 1-token rows and the four 5-token rows make two forwards
+    with no padding. Had each worker collected its own 4 items (1,5,1,5), the same limits would
+    have given four forwards of two rows each."""
+    scorer = Recorder()
+
+    async def main():
+        batcher = Batcher(max_batch_tokens=20, max_batch_items=4, max_wait_s=5.0,
+                          max_padding=0.0).start(workers=2)
+        lengths = [1, 5] * 4
+        out = await asyncio.gather(*(batcher.score(scorer, [[k] * n]) for k, n in enumerate(lengths)))
+        assert batcher.close(timeout=10)
+        return out, batcher.stats
+
+    out, stats = run(main())
+    assert out == [[float(k * n)] for k, n in enumerate([1, 5] * 4)]
+    assert sorted(sorted(len(row) for row in call) for call in scorer.calls) == [[1] * 4, [5] * 4]
+    assert stats == {"pools": 1, "forwards": 2, "items": 8}

@@ -90,7 +90,7 @@ def test_two_batcher_workers_put_every_row_of_a_split_request_back_in_order():
     futures = asyncio.run(main())
     assert batcher.close(timeout=10)
     assert futures == [[float(k) for k in range(50)], [float(k) for k in range(5)]]
-    assert batcher.stats["items"] == 55 and batcher.stats["batches"] >= 14
+    assert batcher.stats["items"] == 55 and batcher.stats["forwards"] >= 14
 
 
 def test_a_served_model_on_forward_processes_scores_as_in_process_and_leaves_none_behind(
