@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from rm import device as devices
+from rm.prompt_cache import PromptCache
 from rm.tokenizer import build_bpe_tokenizer, encode_many
 
 TRAIN_CONFIG = "train_config.json"
@@ -114,6 +115,7 @@ class RewardModel:
         _ensure_pad(hf_model, tokenizer)
         self.net = RewardNet(hf_model, tokenizer.sep_token_id).to(self.device).eval()
         self.path, self.model_id = str(path), model_id
+        self.prompts = PromptCache()  # prompt parts and ids: n responses per prompt in GRPO
         self.max_length = fit_max_length(max_length, hf_model)
         # encoders read [CLS] at position 0 and use absolute positions: they must pad on the right
         self.padding_side = tokenizer.padding_side if self.net.is_decoder else "right"
@@ -133,7 +135,7 @@ class RewardModel:
         """Token ids of exactly what is scored (chat template when the tokenizer has one)."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; pass one each")
-        return encode_many(self.tokenizer, prompts, responses, self.max_length)
+        return encode_many(self.tokenizer, prompts, responses, self.max_length, self.prompts)
 
     def score_encoded(self, ids: list[list[int]]) -> list[float]:
         """One forward over the padded batch; each score is independent of the rest of the batch."""

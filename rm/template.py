@@ -66,22 +66,25 @@ def as_text(prompt: str | list[dict]) -> str:
     return "\n\n".join(f"{m['role']}: {m['content']}" for m in prompt)
 
 
-def render(tokenizer, prompt, response: str, eos: bool = True) -> tuple[str, str]:
+def render(tokenizer, prompt, response: str, eos: bool = True,
+           head: str | None = None) -> tuple[str, str]:
     """(prompt part, full text) of one scored or trained sequence; `full` starts with the prompt
-    part. `eos=False` leaves the decoder layout's final eos to the caller (who appends its id)."""
+    part. `eos=False` leaves the decoder layout's final eos to the caller (who appends its id).
+    `head`: this prompt's part as an earlier call returned it (rm/prompt_cache.py), not rendered again."""
     if getattr(tokenizer, "chat_template", None):
         if isinstance(prompt, Templated):
             head = str(prompt)
             return head, head + response + _markers(tokenizer).turn_end
         messages = as_messages(prompt)
-        head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        if head is None:
+            head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
                                              tokenize=False)
         if not full.startswith(head):
             raise ValueError("the chat template renders the prompt differently with and without the "
                              "response; use a tokenizer whose template appends the assistant turn")
         return head, full
-    head = as_text(prompt) + "\n\n"
+    head = as_text(prompt) + "\n\n" if head is None else head
     return head, head + response + ((tokenizer.eos_token or "") if eos else "")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rm.prompt_cache import PromptCache
 from rm.template import as_messages, as_text, render  # noqa: F401  (re-exported)
 
 CHAT_TEMPLATE = (
@@ -113,10 +114,12 @@ def encode_prompt_response(tokenizer, prompt: str | list[dict], response: str,
 
 
 def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
-                max_length: int | None = None) -> list[list[int]]:
+                max_length: int | None = None, cache: PromptCache | None = None) -> list[list[int]]:
     """`encode_prompt_response(...)[0]` of every item, with one fast-tokenizer call for all prompt
     parts and one for all response parts instead of two calls per item (the Rust tokenizer encodes
     a batch with the GIL released; a call's Python overhead is paid once). Same ids, same cuts.
+    `cache`: prompt parts and their ids seen before are taken from it, not rendered and tokenized
+    again (rm/prompt_cache.py), and new ones are added.
 
     >>> tok = build_bpe_tokenizer(["user assistant hello there"] * 10, vocab_size=300)
     >>> pairs = [("hello", "there"), ([{"role": "user", "content": "hi"}], "")]
@@ -131,9 +134,10 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
         # segment, a single call as no pair at all, and only the latter is what training saw
         return [encode_prompt_response(tokenizer, p, r, max_length)[0]
                 for p, r in zip(prompts, responses, strict=True)]
-    parts = [render(tokenizer, p, r, eos=False) for p, r in zip(prompts, responses, strict=True)]
-    # chat templates carry their own bos; the decoder layout takes the tokenizer's specials
-    heads = _ids_batch(tokenizer, [h for h, _ in parts], add_special_tokens=not chat)
+    known = [cache.get(p) for p in prompts] if cache is not None else [None] * len(prompts)
+    parts = [render(tokenizer, p, r, eos=False, head=k[0] if k else None)
+             for p, r, k in zip(prompts, responses, known, strict=True)]
+    heads = _head_ids(tokenizer, prompts, parts, known, cache, add_special_tokens=not chat)
     tails = _ids_batch(tokenizer, [f[len(h):] for h, f in parts], add_special_tokens=False)
     splits = [(h + t, len(h)) for h, t in zip(heads, tails, strict=True)]
     if not chat and tokenizer.eos_token_id is not None:
@@ -143,6 +147,20 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
     heads_kept = (tokenizer.bos_token_id, tokenizer.cls_token_id)
     return [truncate_left(ids, n, max_length, keep_head=1 if ids and ids[0] in heads_kept else 0)[0]
             for ids, n in splits]
+
+
+def _head_ids(tokenizer, prompts: Sequence, parts: list[tuple[str, str]], known: list,
+              cache: PromptCache | None, add_special_tokens: bool) -> list[list[int]]:
+    """Ids of every prompt part: cached ones as they are, the rest in one tokenizer call (chat
+    templates carry their own bos; the decoder layout takes the tokenizer's specials)."""
+    missing = [i for i, k in enumerate(known) if k is None]
+    fresh = _ids_batch(tokenizer, [parts[i][0] for i in missing], add_special_tokens) if missing else []
+    heads = [k[1] if k else None for k in known]
+    for i, ids in zip(missing, fresh, strict=True):
+        heads[i] = ids
+        if cache is not None:
+            cache.put(prompts[i], parts[i][0], ids)
+    return heads
 
 
 def _ids_batch(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:

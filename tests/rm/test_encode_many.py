@@ -22,3 +22,40 @@ def test_batched_encoding_equals_item_by_item(arch, template, max_length):
     expected = [encode_prompt_response(tok, p, r, max_length)[0] for p, r in ITEMS]
     assert encode_many(tok, prompts, responses, max_length) == expected
     assert encode_many(tok, [], [], max_length) == []
+
+
+@pytest.mark.parametrize("arch,template", [("llama", True), ("llama", False), ("gpt2", False)])
+@pytest.mark.parametrize("max_length", [None, 16])
+def test_cached_prompt_parts_give_the_same_ids(arch, template, max_length):
+    """GRPO's shape: each prompt with several responses, over two calls (the second takes every
+    prompt part from the cache), a prompt twice in one call, a conversation and a prompt already
+    rendered through the template; ids equal the uncached ones, and changing what a call returned
+    does not change what the next one gets."""
+    from rm.prompt_cache import PromptCache
+    from rm.template import Templated, render
+
+    tok = _tiny_tokenizer(TEXTS, 300, arch, False, template)
+    items = ITEMS + [(p, r + " again") for p, r in ITEMS]
+    if template:
+        items.append((Templated(render(tok, "how do I sort a list?", "")[0]), "use sorted()"))
+    prompts, responses = zip(*items, strict=True)
+    expected = [encode_prompt_response(tok, p, r, max_length)[0] for p, r in items]
+    cache = PromptCache()
+    first = encode_many(tok, prompts, responses, max_length, cache)
+    assert first == expected and cache.hits == 0 and len(cache) == len(ITEMS) + template
+    for ids in first:
+        ids[:] = [-1] * len(ids)
+    assert encode_many(tok, prompts, responses, max_length, cache) == expected
+    assert cache.hits == len(items)
+
+
+def test_a_plain_prompt_and_the_same_text_already_templated_are_cached_apart():
+    from rm.prompt_cache import PromptCache
+    from rm.template import Templated
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False, True)
+    cache = PromptCache()
+    text = "<|user|>\nhi</s><|assistant|>\n"
+    plain, templated = encode_many(tok, [text, Templated(text)], ["ok", "ok"], None, cache)
+    assert plain != templated  # the plain one is wrapped in the template again
+    assert len(cache) == 2

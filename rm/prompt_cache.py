@@ -1,0 +1,76 @@
+"""Token ids of recently seen prompts: a GRPO/RLOO trainer scores n responses per prompt, and each
+of them would otherwise render and tokenize the same prompt part again.
+
+What is kept is exactly what `rm.tokenizer.encode_many` computes for a prompt: its prompt part (the
+chat template with the generation prompt, or `prompt\\n\\n`) and that part's token ids. Both depend
+only on the prompt and the tokenizer, and the prompt part is tokenized apart from the response (BPE
+merges never cross the boundary), so a cached item gets the ids it gets uncached, bit for bit
+(tests/rm/test_encode_many.py). Each model holds its own cache, so a hot-swapped tokenizer starts
+empty. Bounded by token ids held (least recently used go first); thread-safe.
+
+    >>> cache = PromptCache(max_tokens=5)
+    >>> cache.put("hi", "<|user|>hi", [1, 2, 3])
+    >>> cache.get("hi"), cache.get([{"role": "user", "content": "hi"}])
+    (('<|user|>hi', [1, 2, 3]), None)
+    >>> cache.put("yo", "<|user|>yo", [4, 5, 6])   # 6 ids > 5: "hi" goes
+    >>> cache.get("hi"), len(cache)
+    (None, 1)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+
+MAX_TOKENS = 262_144  # ~9 MB of Python ints; 2,000 prompts of 130 tokens
+
+
+def prompt_key(prompt) -> tuple[str, str] | None:
+    """A hashable key that tells apart a plain text, a prompt already rendered through the
+    template (rm.template.Templated, a str subclass) and a conversation; None when a conversation
+    is not JSON (then it is not cached)."""
+    if isinstance(prompt, str):
+        return type(prompt).__name__, str(prompt)
+    try:
+        return "messages", json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+
+
+class PromptCache:
+    """prompt -> (prompt part, its token ids), least recently used evicted past `max_tokens` ids."""
+
+    def __init__(self, max_tokens: int = MAX_TOKENS):
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[tuple[str, str], tuple[str, list[int]]] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, prompt) -> tuple[str, list[int]] | None:
+        """(prompt part, ids) or None; the ids list is shared: callers must not change it."""
+        key = prompt_key(prompt)
+        with self._lock:
+            entry = self._entries.get(key) if key is not None else None
+            if entry is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(key)
+            self.hits += 1
+            return entry
+
+    def put(self, prompt, head: str, ids: list[int]) -> None:
+        key = prompt_key(prompt)
+        if key is None or len(ids) > self.max_tokens:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            self._tokens += len(ids) - (len(old[1]) if old else 0)
+            self._entries[key] = (head, ids)
+            while self._tokens > self.max_tokens:
+                _, (_, dropped) = self._entries.popitem(last=False)
+                self._tokens -= len(dropped)
