@@ -5,8 +5,10 @@ What is kept is exactly what `rm.tokenizer.encode_many` computes for a prompt: i
 chat template with the generation prompt, or `prompt\\n\\n`) and that part's token ids. Both depend
 only on the prompt and the tokenizer, and the prompt part is tokenized apart from the response (BPE
 merges never cross the boundary), so a cached item gets the ids it gets uncached, bit for bit
-(tests/rm/test_encode_many.py). Each model holds its own cache, so a hot-swapped tokenizer starts
-empty. Bounded by token ids held (least recently used go first); thread-safe.
+(tests/rm/test_encode_many.py). A template that reads the clock (`strftime_now`) is not cached, and
+a cached part the full text no longer starts with is rendered again. Each model holds its own
+cache, so a hot-swapped tokenizer starts empty. Bounded by token ids held (least recently used go
+first); thread-safe.
 
     >>> cache = PromptCache(max_tokens=5)
     >>> cache.put("hi", "<|user|>hi", [1, 2, 3])
@@ -28,14 +30,16 @@ MAX_TOKENS = 262_144  # ~9 MB of Python ints; 2,000 prompts of 130 tokens
 
 def prompt_key(prompt) -> tuple[str, str] | None:
     """A hashable key that tells apart a plain text, a prompt already rendered through the
-    template (rm.template.Templated, a str subclass) and a conversation; None when a conversation
-    is not JSON (then it is not cached)."""
+    template (rm.template.Templated, a str subclass) and a conversation of messages whose fields
+    are all text, in their order (a template may print a message's fields in the order given).
+    None for any other conversation (tool calls, nested values): it is not cached."""
     if isinstance(prompt, str):
         return type(prompt).__name__, str(prompt)
-    try:
-        return "messages", json.dumps(prompt, sort_keys=True, ensure_ascii=False)
-    except (TypeError, ValueError):
-        return None
+    if isinstance(prompt, list) and all(
+            type(m) is dict and all(type(k) is str and type(v) is str for k, v in m.items())
+            for m in prompt):
+        return "messages", json.dumps(prompt, ensure_ascii=False)
+    return None
 
 
 class PromptCache:

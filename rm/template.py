@@ -76,10 +76,10 @@ def render(tokenizer, prompt, response: str, eos: bool = True,
             head = str(prompt)
             return head, head + response + _markers(tokenizer).turn_end
         messages = as_messages(prompt)
-        if head is None:
-            head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
                                              tokenize=False)
+        if head is None or not full.startswith(head):  # none cached, or a stale one
+            head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         if not full.startswith(head):
             raise ValueError("the chat template renders the prompt differently with and without the "
                              "response; use a tokenizer whose template appends the assistant turn")

@@ -134,9 +134,12 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
         # segment, a single call as no pair at all, and only the latter is what training saw
         return [encode_prompt_response(tokenizer, p, r, max_length)[0]
                 for p, r in zip(prompts, responses, strict=True)]
+    if cache is not None and "strftime_now" in str(tokenizer.chat_template):
+        cache = None  # the prompt part may change with the date: render it every time
     known = [cache.get(p) for p in prompts] if cache is not None else [None] * len(prompts)
     parts = [render(tokenizer, p, r, eos=False, head=k[0] if k else None)
              for p, r, k in zip(prompts, responses, known, strict=True)]
+    known = [k if k and k[0] == h else None for k, (h, _) in zip(known, parts, strict=True)]
     heads = _head_ids(tokenizer, prompts, parts, known, cache, add_special_tokens=not chat)
     tails = _ids_batch(tokenizer, [f[len(h):] for h, f in parts], add_special_tokens=False)
     splits = [(h + t, len(h)) for h, t in zip(heads, tails, strict=True)]

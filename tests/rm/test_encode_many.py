@@ -59,3 +59,31 @@ def test_a_plain_prompt_and_the_same_text_already_templated_are_cached_apart():
     plain, templated = encode_many(tok, [text, Templated(text)], ["ok", "ok"], None, cache)
     assert plain != templated  # the plain one is wrapped in the template again
     assert len(cache) == 2
+
+
+def test_a_stale_cached_prompt_part_is_rendered_again_and_replaced():
+    """A cached part the full text does not start with (a template whose output changed) is a
+    miss, not an error: the item gets its uncached ids and the entry is put right."""
+    from rm.prompt_cache import PromptCache
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False, True)
+    cache = PromptCache()
+    cache.put("hi", "<|user|>\nyesterday</s><|assistant|>\n", [1, 2, 3])
+    assert encode_many(tok, ["hi"], ["ok"], None, cache) == [encode_prompt_response(tok, "hi", "ok")[0]]
+    assert cache.get("hi")[0] == "<|user|>\nhi</s><|assistant|>\n"
+
+
+def test_templates_that_read_the_clock_and_unusual_conversations_are_not_cached():
+    from rm.prompt_cache import PromptCache, prompt_key
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False, True)
+    tok.chat_template = "{{ strftime_now('%Y') }}" + tok.chat_template
+    cache = PromptCache()
+    assert encode_many(tok, ["hi"], ["ok"], None, cache) == [encode_prompt_response(tok, "hi", "ok")[0]]
+    assert len(cache) == 0
+    # field order is part of what a template may print; nested values (tool calls) are not keyed
+    a = [{"role": "user", "content": "hi"}]
+    b = [{"content": "hi", "role": "user"}]
+    assert prompt_key(a) != prompt_key(b)
+    assert prompt_key([{"role": "assistant", "content": "", "tool_calls": [{"x": 1}]}]) is None
+    assert prompt_key([{"role": "user", "content": ("hi",)}]) is None
