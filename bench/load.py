@@ -65,9 +65,11 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
 
 
 def forward_counters(port: int) -> dict:
-    """The batcher's forward series from the server's /metrics: seconds in forwards, forwards, rows."""
+    """The batcher's forward series from the server's /metrics (seconds in forwards, forwards,
+    rows) and its prompt cache's look-ups."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-    wanted = ("bradley_forward_seconds_sum", "bradley_forward_rows_count", "bradley_forward_rows_sum")
+    wanted = ("bradley_forward_seconds_sum", "bradley_forward_rows_count", "bradley_forward_rows_sum",
+              'bradley_prompt_cache_lookups{result="hit"}', 'bradley_prompt_cache_lookups{result="miss"}')
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line.split(" ", 1)[0] in wanted}
 
@@ -75,12 +77,17 @@ def forward_counters(port: int) -> dict:
 def drive_measured(port: int, items: list, requests: int, per_request: int, pid: int) -> dict:
     """`drive`, plus what the model did meanwhile: `forward_busy` (share of the time the batcher
     was in a forward: near 1, the model is the limit, not the server's other work), rows per
-    forward and `forward_items_per_s` (items per second of forward)."""
+    forward, `forward_items_per_s` (items per second of forward) and `prompt_cache_hit_share`
+    (items whose prompt part came from rm/prompt_cache.py: these clients cycle through the items,
+    so from the second pass nearly all)."""
     before = forward_counters(port)
     out = drive(port, items, requests, per_request, pid)
     spent = {k: v - before.get(k, 0.0) for k, v in forward_counters(port).items()}
     seconds, forwards = spent["bradley_forward_seconds_sum"], spent["bradley_forward_rows_count"]
     rows = spent["bradley_forward_rows_sum"]
+    hits = spent.get('bradley_prompt_cache_lookups{result="hit"}', 0.0)
+    lookups = hits + spent.get('bradley_prompt_cache_lookups{result="miss"}', 0.0)
     return out | {"forward_busy": round(seconds / out["seconds"], 3),
                   "rows_per_forward": round(rows / max(forwards, 1), 1),
-                  "forward_items_per_s": round(rows / seconds, 1) if seconds else None}
+                  "forward_items_per_s": round(rows / seconds, 1) if seconds else None,
+                  "prompt_cache_hit_share": round(hits / lookups, 3) if lookups else None}

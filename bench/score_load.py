@@ -259,6 +259,7 @@ def cheap_model_figures(tiny: dict | None) -> dict:
                "tiny_ratio_vs_batch_bound": tiny["ratio_vs_batch_bound"],
                "tiny_forward_busy": tiny["single"]["forward_busy"],
                "tiny_forward_items_per_s": tiny["single"]["forward_items_per_s"],
+               "tiny_prompt_cache_hit_share": tiny["single"]["prompt_cache_hit_share"],
                "tiny_batch_bound_share_of_ceiling": round(
                    tiny["batch_bound_items_per_s"] / tiny["ceiling_items_per_s"], 3)}
     if "overhead" in tiny:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rm.prompt_cache import PromptCache
+from rm.prompt_cache import PromptCache, prompt_key
 from rm.template import as_messages, as_text, render  # noqa: F401  (re-exported)
 
 CHAT_TEMPLATE = (
@@ -136,10 +136,7 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
                 for p, r in zip(prompts, responses, strict=True)]
     if cache is not None and "strftime_now" in str(tokenizer.chat_template):
         cache = None  # the prompt part may change with the date: render it every time
-    known = [cache.get(p) for p in prompts] if cache is not None else [None] * len(prompts)
-    parts = [render(tokenizer, p, r, eos=False, head=k[0] if k else None)
-             for p, r, k in zip(prompts, responses, known, strict=True)]
-    known = [k if k and k[0] == h else None for k, (h, _) in zip(known, parts, strict=True)]
+    parts, known = _render_all(tokenizer, prompts, responses, cache)
     heads = _head_ids(tokenizer, prompts, parts, known, cache, add_special_tokens=not chat)
     tails = _ids_batch(tokenizer, [f[len(h):] for h, f in parts], add_special_tokens=False)
     splits = [(h + t, len(h)) for h, t in zip(heads, tails, strict=True)]
@@ -152,18 +149,37 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
             for ids, n in splits]
 
 
+def _render_all(tokenizer, prompts: Sequence, responses: Sequence[str],
+                cache: PromptCache | None) -> tuple[list[tuple[str, str]], list]:
+    """(prompt part, full text) of every item, and the cached (part, ids) each used or None: with
+    a cache, a prompt met again in the same call (a GRPO group in one request) reuses the part
+    rendered for its first item. A cached part the full text does not start with is a miss."""
+    parts, known, rendered = [], [], {}
+    for prompt, response in zip(prompts, responses, strict=True):
+        key = prompt_key(prompt) if cache is not None else None
+        entry = cache.get(prompt) if cache is not None else None
+        part = render(tokenizer, prompt, response, eos=False,
+                      head=entry[0] if entry else rendered.get(key))
+        if key is not None:
+            rendered.setdefault(key, part[0])
+        parts.append(part)
+        known.append(entry if entry and entry[0] == part[0] else None)
+    return parts, known
+
+
 def _head_ids(tokenizer, prompts: Sequence, parts: list[tuple[str, str]], known: list,
               cache: PromptCache | None, add_special_tokens: bool) -> list[list[int]]:
-    """Ids of every prompt part: cached ones as they are, the rest in one tokenizer call (chat
-    templates carry their own bos; the decoder layout takes the tokenizer's specials)."""
-    missing = [i for i, k in enumerate(known) if k is None]
-    fresh = _ids_batch(tokenizer, [parts[i][0] for i in missing], add_special_tokens) if missing else []
-    heads = [k[1] if k else None for k in known]
-    for i, ids in zip(missing, fresh, strict=True):
-        heads[i] = ids
-        if cache is not None:
-            cache.put(prompts[i], parts[i][0], ids)
-    return heads
+    """Ids of every prompt part: cached ones as they are, the rest in one tokenizer call, each
+    distinct text once (chat templates carry their own bos; the decoder layout takes the
+    tokenizer's specials). The lists may be shared between items: callers copy before changing."""
+    missing = [i for i, entry in enumerate(known) if entry is None]
+    texts = list(dict.fromkeys(parts[i][0] for i in missing))
+    by_text = dict(zip(texts, _ids_batch(tokenizer, texts, add_special_tokens) if texts else [],
+                       strict=True))
+    if cache is not None:
+        for i in missing:
+            cache.put(prompts[i], parts[i][0], by_text[parts[i][0]])
+    return [entry[1] if entry else by_text[head] for entry, (head, _) in zip(known, parts, strict=True)]
 
 
 def _ids_batch(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:

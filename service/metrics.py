@@ -106,6 +106,10 @@ class Metrics:
         self.get_reward_splits = Counter(
             "bradley_get_reward_splits", "/get_reward queries by how they were split into prompt and "
             "response (unsplit: scored as a response without its prompt)", ["how"], registry=r)
+        self.prompt_cache = Gauge(
+            "bradley_prompt_cache_lookups", "prompt-part cache look-ups of the served model since it "
+            "was loaded, by result (a hit: a prompt not rendered and tokenized again)", ["result"],
+            registry=r)
         self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
         self.started.set(time.time())
         self._moments = Moments()
@@ -117,9 +121,13 @@ class Metrics:
         self.tokens.inc(tokens)
         self.padded_tokens.inc(padded)
 
-    def on_model(self, model_id: str) -> None:
+    def on_model(self, model_id: str, prompts=None) -> None:
+        """A model was installed; `prompts` is its rm.prompt_cache.PromptCache, read at scrape."""
         # the id only: /metrics is readable without a key, and a path describes the operator's disk
         self.model.info({"model_id": model_id})
+        if prompts is not None:
+            self.prompt_cache.labels("hit").set_function(lambda: prompts.hits)
+            self.prompt_cache.labels("miss").set_function(lambda: prompts.misses)
         self.model_swaps.inc()
         self._moments = Moments()
         self.length_corr.set(math.nan)

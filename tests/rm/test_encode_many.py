@@ -87,3 +87,35 @@ def test_templates_that_read_the_clock_and_unusual_conversations_are_not_cached(
     assert prompt_key(a) != prompt_key(b)
     assert prompt_key([{"role": "assistant", "content": "", "tool_calls": [{"x": 1}]}]) is None
     assert prompt_key([{"role": "user", "content": ("hi",)}]) is None
+
+
+def test_a_group_of_responses_in_one_call_renders_and_tokenizes_its_prompt_once(monkeypatch):
+    """A GRPO group sent in one request: 4 responses to one prompt render the prompt part once
+    (4 full renders + 1, where each item alone takes 2) and tokenize it once."""
+    from rm.prompt_cache import PromptCache
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False, True)
+    renders, encoded = [], []
+    real_render = tok.apply_chat_template
+    monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: renders.append(1) or real_render(*a, **k))
+    backend = tok.backend_tokenizer
+    monkeypatch.setattr(type(tok), "backend_tokenizer", property(lambda self: _Counting(backend, encoded)),
+                        raising=False)
+    prompts, responses = ["what is 2+2?"] * 4, ["4", "four", "5", ""]
+    expected = [encode_prompt_response(tok, "what is 2+2?", r)[0] for r in responses]
+    renders.clear()
+    assert encode_many(tok, prompts, responses, None, PromptCache()) == expected
+    assert len(renders) == 5
+    assert [len(texts) for texts in encoded[-2:]] == [1, 4]  # one prompt part, four responses
+
+
+class _Counting:
+    """A Rust tokenizer that records the texts of each encode_batch_fast call."""
+
+    def __init__(self, backend, calls):
+        self._backend, self._calls = backend, calls
+        self.truncation, self.padding = backend.truncation, backend.padding
+
+    def encode_batch_fast(self, texts, **kwargs):
+        self._calls.append(list(texts))
+        return self._backend.encode_batch_fast(texts, **kwargs)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -148,6 +149,27 @@ def test_health_ready_models_metrics(http):
                  "bradley_model_info{", "bradley_reward_length_correlation"):
         assert name in text
     assert http.get("/no-such-route").json()["error"]
+
+
+def test_a_prompt_scored_again_is_taken_from_the_prompt_cache(http, offline):
+    """A GRPO group (3 responses to one prompt) sent twice: the first request misses 3 times,
+    the second hits 3 times, with the same scores as the model offline."""
+    def lookups():
+        text = http.get("/metrics").text
+        found = re.findall(r'^bradley_prompt_cache_lookups\{result="(\w+)"\} (\S+)$', text, re.M)
+        return {result: float(n) for result, n in found}
+
+    prompt, responses = "a prompt only this test sends", ["a", "b", "c"]
+    before = lookups()
+    first = http.post("/score", json=score_body([(prompt, r) for r in responses])).json()
+    middle = lookups()
+    again = http.post("/score", json=score_body([(prompt, r) for r in responses])).json()
+    after = lookups()
+    assert middle["miss"] - before["miss"] == 3 and middle["hit"] == before["hit"]
+    assert after["hit"] - middle["hit"] == 3 and after["miss"] == middle["miss"]
+    model = offline[first["model"]]
+    assert first["scores"] == again["scores"]
+    assert first["scores"] == pytest.approx(model.score([prompt] * 3, responses), abs=1e-5)
 
 
 def test_label_studio_webhooks_become_judgments(live, http, auth, shared_data):
