@@ -57,7 +57,13 @@ class PromptCache:
 
     def get(self, prompt) -> tuple[str, list[int]] | None:
         """(prompt part, ids) or None; the ids list is shared: callers must not change it."""
-        key = prompt_key(prompt)
+        return self.lookup(prompt_key(prompt))
+
+    def put(self, prompt, head: str, ids: list[int]) -> None:
+        self.store(prompt_key(prompt), head, ids)
+
+    def lookup(self, key: tuple[str, str] | None) -> tuple[str, list[int]] | None:
+        """`get` by a `prompt_key` the caller already has."""
         with self._lock:
             entry = self._entries.get(key) if key is not None else None
             if entry is None:
@@ -67,8 +73,8 @@ class PromptCache:
             self.hits += 1
             return entry
 
-    def put(self, prompt, head: str, ids: list[int]) -> None:
-        key = prompt_key(prompt)
+    def store(self, key: tuple[str, str] | None, head: str, ids: list[int]) -> None:
+        """`put` by a `prompt_key` the caller already has."""
         if key is None or len(ids) > self.max_tokens:
             return
         with self._lock:

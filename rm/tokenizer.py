@@ -136,8 +136,8 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
                 for p, r in zip(prompts, responses, strict=True)]
     if cache is not None and "strftime_now" in str(tokenizer.chat_template):
         cache = None  # the prompt part may change with the date: render it every time
-    parts, known = _render_all(tokenizer, prompts, responses, cache)
-    heads = _head_ids(tokenizer, prompts, parts, known, cache, add_special_tokens=not chat)
+    parts, known, keys = _render_all(tokenizer, prompts, responses, cache)
+    heads = _head_ids(tokenizer, keys, parts, known, cache, add_special_tokens=not chat)
     tails = _ids_batch(tokenizer, [f[len(h):] for h, f in parts], add_special_tokens=False)
     splits = [(h + t, len(h)) for h, t in zip(heads, tails, strict=True)]
     if not chat and tokenizer.eos_token_id is not None:
@@ -150,24 +150,25 @@ def encode_many(tokenizer, prompts: Sequence, responses: Sequence[str],
 
 
 def _render_all(tokenizer, prompts: Sequence, responses: Sequence[str],
-                cache: PromptCache | None) -> tuple[list[tuple[str, str]], list]:
-    """(prompt part, full text) of every item, and the cached (part, ids) each used or None: with
-    a cache, a prompt met again in the same call (a GRPO group in one request) reuses the part
-    rendered for its first item. A cached part the full text does not start with is a miss."""
+                cache: PromptCache | None) -> tuple[list[tuple[str, str]], list, list]:
+    """(prompt part, full text) of every item, the cached (part, ids) each used or None, and each
+    prompt's cache key (None without a cache): with a cache, a prompt met again in the same call
+    (a GRPO group in one request) reuses the part rendered for its first item. A cached part the
+    full text does not start with is a miss."""
+    keys = [prompt_key(p) for p in prompts] if cache is not None else [None] * len(prompts)
     parts, known, rendered = [], [], {}
-    for prompt, response in zip(prompts, responses, strict=True):
-        key = prompt_key(prompt) if cache is not None else None
-        entry = cache.get(prompt) if cache is not None else None
+    for prompt, response, key in zip(prompts, responses, keys, strict=True):
+        entry = cache.lookup(key) if cache is not None else None
         part = render(tokenizer, prompt, response, eos=False,
                       head=entry[0] if entry else rendered.get(key))
         if key is not None:
             rendered.setdefault(key, part[0])
         parts.append(part)
         known.append(entry if entry and entry[0] == part[0] else None)
-    return parts, known
+    return parts, known, keys
 
 
-def _head_ids(tokenizer, prompts: Sequence, parts: list[tuple[str, str]], known: list,
+def _head_ids(tokenizer, keys: list, parts: list[tuple[str, str]], known: list,
               cache: PromptCache | None, add_special_tokens: bool) -> list[list[int]]:
     """Ids of every prompt part: cached ones as they are, the rest in one tokenizer call, each
     distinct text once (chat templates carry their own bos; the decoder layout takes the
@@ -178,7 +179,7 @@ def _head_ids(tokenizer, prompts: Sequence, parts: list[tuple[str, str]], known:
                        strict=True))
     if cache is not None:
         for i in missing:
-            cache.put(prompts[i], parts[i][0], by_text[parts[i][0]])
+            cache.store(keys[i], parts[i][0], by_text[parts[i][0]])
     return [entry[1] if entry else by_text[head] for entry, (head, _) in zip(known, parts, strict=True)]
 
 
