@@ -1,6 +1,7 @@
-"""`POST /score` takes its own way in (service.routes_score.ScoreLane, issue 20): past FastAPI's
-router and dependency solver. Held against the route it bypasses: the same requests sent to an app
-without the lane get byte-for-byte the same answers, errors and headers included."""
+"""`POST /score` takes its own way in (service.routes_score.ScoreLane, issue 20): past Starlette's
+middleware stack, FastAPI's router and its dependency solver. Held against the route it bypasses:
+the same requests sent to an app without the lane get byte-for-byte the same answers, errors and
+headers included."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def _client(tmp_path, name, tiny_models, lane: bool, **overrides) -> TestClient:
     settings = load_settings(db=str(tmp_path / f"{name}.duckdb"), device="cpu", api_keys=API_KEY,
                              model=tiny_models["rm-tiny-a"], max_body_bytes=4096, **overrides)
     app = create_app(settings)
-    if not lane:  # the middleware stack is built on the first request: drop the lane before it
-        app.user_middleware = [m for m in app.user_middleware if m.cls is not routes_score.ScoreLane]
+    if not lane:  # /score goes through FastAPI's middleware stack and router like any route
+        app.score_lane = None
     return TestClient(app, raise_server_exceptions=False)
 
 
