@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from service.advantages import group_advantages
-from service.metrics import Moments, merge_moments, pearson
+from service.metrics import PENDING_PAIRS, Metrics, Moments, merge_moments, pearson
 from service.payloads import Limits, PayloadError, parse_get_reward, parse_records, parse_score
 from service.settings import SettingsError, load_settings
 
@@ -45,6 +45,21 @@ def test_running_correlation_equals_numpy_over_many_merges():
     assert m.n == 300
     assert pearson(m) == pytest.approx(np.corrcoef(x, y)[0, 1], abs=1e-12)
     assert np.isnan(pearson(merge_moments(Moments(), [3.0, 3.0], [1.0, 2.0])))
+
+
+def test_served_length_correlation_is_numpys_over_every_request_when_read():
+    """Pairs wait in a buffer (merged past PENDING_PAIRS, and when /metrics reads the gauge)."""
+    rng = np.random.default_rng(1)
+    n = PENDING_PAIRS + 1000  # one merge on the way, the rest at the read
+    lengths, y = rng.integers(1, 400, n), rng.normal(size=n)
+    y += 0.004 * lengths
+    metrics, read = Metrics(), lambda: metrics.registry.get_sample_value(
+        "bradley_reward_length_correlation")
+    for start in range(0, n, 3):
+        metrics.on_scores(["x" * k for k in lengths[start:start + 3]], y[start:start + 3].tolist())
+    assert read() == pytest.approx(np.corrcoef(lengths, y)[0, 1], abs=1e-12)
+    metrics.on_model("another")  # a new model starts its own correlation
+    assert np.isnan(read())
 
 
 @pytest.mark.parametrize("body, field", [
