@@ -2,9 +2,9 @@
 running reward-length correlation of served scores, a cheap early warning of reward hacking: a
 policy that learns "longer scores higher" drives this towards 1.
 
-The correlation is Pearson's r over every (response length, score) served since the model was loaded,
-kept as co-moments and merged batch by batch with the pairwise update of Chan, Golub & LeVeque
-(1979), which stays exact in one pass without storing the pairs:
+The correlation is Pearson's r over every (response length, finite score) served since the model was
+loaded, kept as co-moments and merged batch by batch with the pairwise update of Chan, Golub &
+LeVeque (1979), which stays exact in one pass, holding at most PENDING_PAIRS pairs between merges:
 
     n = n_a + n_b,  d_x = mean_x_b - mean_x_a,  C = C_a + C_b + d_x * d_y * n_a * n_b / n,
     r = C_xy / sqrt(M2_x * M2_y)
@@ -17,6 +17,7 @@ kept as co-moments and merged batch by batch with the pairwise update of Chan, G
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -113,7 +114,10 @@ class Metrics:
             registry=r)
         self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
         self.started.set(time.time())
+        # on_scores runs on the event loop, on_model in a hot swap's worker thread: one lock
+        self._pairs_lock = threading.Lock()
         self._moments, self._lengths, self._scores = Moments(), [], []
+        self._model_id = None  # whose scores the correlation is of
         self.length_corr.set_function(self._length_corr)
 
     def on_forward(self, rows: int, tokens: int, padded: int, seconds: float) -> None:
@@ -131,23 +135,33 @@ class Metrics:
             self.prompt_cache.labels("hit").set_function(lambda: prompts.hits)
             self.prompt_cache.labels("miss").set_function(lambda: prompts.misses)
         self.model_swaps.inc()
-        self._moments, self._lengths, self._scores = Moments(), [], []
+        with self._pairs_lock:
+            self._moments, self._lengths, self._scores = Moments(), [], []
+            self._model_id = model_id
 
-    def on_scores(self, responses: Sequence[str], scores: Sequence[float]) -> None:
+    def on_scores(self, model_id: str, responses: Sequence[str], scores: Sequence[float]) -> None:
         """Kept, and merged into the moments when /metrics is read or PENDING_PAIRS wait: merging
-        per request was 8% of the event loop's work on 1-token /score requests (issue 20)."""
-        self._lengths.extend(map(len, responses))
-        self._scores.extend(scores)
-        if len(self._lengths) >= PENDING_PAIRS:
-            self._merge_pending()
+        per request was 8% of the event loop's work on 1-token /score requests (issue 20). Scores
+        of a model swapped out while they were computed are left out."""
+        with self._pairs_lock:
+            if model_id != self._model_id:
+                return
+            self._lengths.extend(map(len, responses))
+            self._scores.extend(scores)
+            if len(self._lengths) >= PENDING_PAIRS:
+                self._merge_pending()
 
     def _merge_pending(self) -> None:
-        self._moments = merge_moments(self._moments, self._lengths, self._scores)
+        """Under `_pairs_lock`. A NaN or infinite score (a diverged model) is left out, rather than
+        making the correlation NaN until the next model."""
+        finite = [(x, y) for x, y in zip(self._lengths, self._scores, strict=True) if math.isfinite(y)]
+        self._moments = merge_moments(self._moments, [x for x, _ in finite], [y for _, y in finite])
         self._lengths, self._scores = [], []
 
     def _length_corr(self) -> float:
-        self._merge_pending()
-        return pearson(self._moments)
+        with self._pairs_lock:
+            self._merge_pending()
+            return pearson(self._moments)
 
     def on_verdict(self, verifier: str, status: str, n: int = 1) -> None:
         self.verifier_calls.labels(verifier, status).inc(n)

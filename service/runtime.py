@@ -227,7 +227,7 @@ class Service:
             ids = await asyncio.get_running_loop().run_in_executor(
                 self._encoders["large"], loaded.rm.encode, prompts, responses)
             scores = await self.batcher.score(loaded.scorer, ids)
-        self.metrics.on_scores(responses, scores)
+        self.metrics.on_scores(loaded.id, responses, scores)
         return loaded.id, scores
 
     async def get_reward(self, req) -> tuple[str, list[float], list]:

@@ -1,5 +1,9 @@
 """Pure parts of the service: advantages, request parsing, running correlation, settings."""
 
+import math
+import sys
+import threading
+
 import numpy as np
 import pytest
 
@@ -55,11 +59,42 @@ def test_served_length_correlation_is_numpys_over_every_request_when_read():
     y += 0.004 * lengths
     metrics, read = Metrics(), lambda: metrics.registry.get_sample_value(
         "bradley_reward_length_correlation")
+    metrics.on_model("a")
     for start in range(0, n, 3):
-        metrics.on_scores(["x" * k for k in lengths[start:start + 3]], y[start:start + 3].tolist())
+        metrics.on_scores("a", ["x" * k for k in lengths[start:start + 3]], y[start:start + 3].tolist())
+    metrics.on_scores("a", ["a diverged model's", "scores"], [math.nan, math.inf])  # left out
+    metrics.on_scores("swapped out", ["x", "xxxxxxxxx"], [9.0, -9.0])  # another model's: left out
     assert read() == pytest.approx(np.corrcoef(lengths, y)[0, 1], abs=1e-12)
-    metrics.on_model("another")  # a new model starts its own correlation
+    metrics.on_model("b")  # a new model starts its own correlation
     assert np.isnan(read())
+
+
+def test_a_model_swap_beside_scoring_never_misaligns_the_pairs():
+    """on_model (a hot swap's worker thread) against on_scores (the event loop): every reading
+    works, and the pairs kept stay aligned (unlocked, a swap between the two extends broke both)."""
+    metrics, stop, errors = Metrics(), threading.Event(), []
+
+    def swap():
+        while not stop.is_set():
+            metrics.on_model("m")
+
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        for i in range(20_000):
+            metrics.on_scores("m", ["ab", "abcd", "abcdef"], [1.0, 2.0, 3.0 + i % 2])
+            if i % 500 == 0:
+                try:
+                    metrics.registry.get_sample_value("bradley_reward_length_correlation")
+                except ValueError as exc:  # noqa: PERF203 - the failure this test looks for
+                    errors.append(exc)
+    finally:
+        stop.set()
+        swapper.join()
+        sys.setswitchinterval(previous)
+    assert errors == [] and len(metrics._lengths) == len(metrics._scores)
 
 
 @pytest.mark.parametrize("body, field", [
