@@ -189,7 +189,7 @@ class Service:
         if loaded.pool is not None:
             self.batcher.start(loaded.pool.processes)  # one worker per process
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
-        self.metrics.on_model(loaded.id, getattr(loaded.rm, "prompts", None))
+        self.metrics.on_model(loaded.id, loaded.rm.prompts)
         log.info("serving model %s from %s", loaded.id, loaded.path)
 
     async def load_model(self, ref: str) -> LoadedModel:
