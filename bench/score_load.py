@@ -41,6 +41,9 @@ fixed random order sorted only within each 64 and cut with the server's padding 
 tokenizing), the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
 Each served phase also reads the server's /metrics: `forward_busy` (share of the phase the model
 was in a forward; near 1 the forward is the limit) and `forward_items_per_s` (its speed meanwhile).
+On a CPU the forwards share the cores with the server and the clients: `cpu_bound_ratio` (per
+phase; `tiny_cpu_bound_ratio`) is the most `ratio_vs_offline` their measured CPU per item leaves room
+for, were the served forwards as cheap per item as the ceiling's (`cpu_bound_ratio()`).
 
 On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
 `per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it
@@ -198,6 +201,35 @@ def naive(folder: str, items: list, n: dict, env: dict) -> dict:
         stop(server)
 
 
+def cpu_bound_ratio(phase: dict, ceiling: float, cores: int) -> float:
+    """The most `ratio_vs_offline` a served phase's own CPU leaves room for when the forwards share
+    the machine's `cores`, were its forwards as cheap per item as the ceiling's:
+
+        f / (f + s),  f = cores / ceiling (the ceiling's CPU per item, all cores busy),
+                      s = (server process + clients) CPU per served item
+
+    served items/s <= cores / (f + s) while the cores are saturated; the server process is HTTP,
+    decoding, tokenizing and batching (its forward processes are the forwards). What stays
+    between this and the measured ratio is the forwards' cuts and scheduling. Not for a GPU,
+    whose forwards do not take these cores.
+
+    Run 1 of issue 20's tiny model at 0a8e39b: a 1,471 items/s ceiling on 2 cores is 1.360 ms of
+    CPU per item; 20,000 single-sample requests in 22.7 s, 0.415 ms of server CPU each, clients
+    0.04 of a core (0.045 ms per item): s = 0.460 ms, so at most 1.360 / 1.820 = 0.747 of the
+    ceiling (it served 0.599); 0.8 needs s <= 0.340 ms.
+
+    >>> phase = {"items_per_s": 881.06, "seconds": 22.7, "requests": 20_000,
+    ...          "server_process_cpu_ms_per_request": 0.415, "client_cpu_share": 0.04}
+    >>> cpu_bound_ratio(phase, ceiling=1471, cores=2)
+    0.747
+    """
+    items = phase["items_per_s"] * phase["seconds"]
+    own = phase["server_process_cpu_ms_per_request"] * phase["requests"] / 1000
+    clients = phase["client_cpu_share"] * phase["seconds"]
+    forward = cores / ceiling
+    return round(forward / (forward + (own + clients) / items), 3)
+
+
 def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     from rm.model import RewardModel, count_parameters
 
@@ -245,6 +277,10 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     in_process = max(out["ceiling_before_after"]["in_process"])
     out["ratio_vs_offline_in_process"] = round(out["single"]["items_per_s"] / in_process, 3)
     out["ratio_vs_per_request"] = round(out["single"]["items_per_s"] / out["naive"]["items_per_s"], 2)
+    if kind == "cpu":
+        cores = len(os.sched_getaffinity(0))
+        out["cpu_bound_ratio"] = {phase: cpu_bound_ratio(out[phase], out["ceiling_items_per_s"], cores)
+                                  for phase in ("single", "batch8")}
     return out
 
 
@@ -262,6 +298,8 @@ def cheap_model_figures(tiny: dict | None) -> dict:
                "tiny_prompt_cache_hit_share": tiny["single"]["prompt_cache_hit_share"],
                "tiny_batch_bound_share_of_ceiling": round(
                    tiny["batch_bound_items_per_s"] / tiny["ceiling_items_per_s"], 3)}
+    if "cpu_bound_ratio" in tiny:
+        figures["tiny_cpu_bound_ratio"] = tiny["cpu_bound_ratio"]["single"]
     if "overhead" in tiny:
         figures["overhead_ratio_vs_hello"] = tiny["overhead"]["overhead_ratio_vs_hello"]
         figures["process_cpu_ms_per_request"] = {  # the server process alone (no forward processes)
@@ -286,6 +324,7 @@ def summary(results: dict, args) -> dict:
         "ratio_vs_offline_in_process": main_case["ratio_vs_offline_in_process"],
         "ratio_vs_per_request": main_case["ratio_vs_per_request"],
         "per_request_bound": main_case["per_request_bound"],
+        "cpu_bound_ratio": main_case.get("cpu_bound_ratio", {}).get("single"),
         **cheap_model_figures(results.get("tiny")),
         "served_requests": sum(p["requests"] for p in served_phases),
         "served_errors": sum(p["errors"] for p in served_phases),

@@ -55,3 +55,4 @@ def test_run_sh_smoke(tmp_path):
     score = lines["score_load"]
     assert score["model"] == Path(lines["rm_train"]["path"]).name and score["errors"] == 0
     assert score["ratio_vs_offline"] > 0 and score["ratio_vs_per_request"] > 0
+    assert 0 < score["cpu_bound_ratio"] < 1   # a CPU run: its server and clients take CPU too
