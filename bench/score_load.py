@@ -53,7 +53,8 @@ could gain here. On a GPU a single-row forward leaves the device mostly idle.
 
 `--model FOLDER --device cuda` benchmarks one given reward-model folder instead of the two built ones
 (bench/gpu/run.sh does this on a GPU with a 135M model); `--requests N` sets every phase to N
-requests and `--offline-seconds S` shortens the ceiling's timing (for smoke runs).
+requests, `--offline-seconds S` shortens the ceiling's timing and `--items N` cycles through N items
+(for smoke runs).
 """
 
 from __future__ import annotations
@@ -356,6 +357,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=None, help="requests in every phase")
     parser.add_argument("--offline-seconds", type=float, default=8.0,
                         help="timing of each offline (ceiling) run")
+    parser.add_argument("--items", type=int, default=1000,
+                        help="hh-rlhf items the clients cycle through and the ceiling scores")
     parser.add_argument("--naive", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--hello", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -370,7 +373,7 @@ def main() -> None:
     from rm.model import build_tiny_reward_model
 
     torch.set_num_threads(args.torch_threads)
-    items = hh_items()
+    items = hh_items(args.items)
     if args.model:
         requests = MODELS["tiny"][1]   # the larger counts: a GPU serves faster than these CPUs
         print(json.dumps(summary({Path(args.model).name: bench_model(args.model, items, requests,

@@ -42,7 +42,7 @@ def test_run_sh_smoke(tmp_path):
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {}
-    for name in ("rm_train", "dpo_train", "score_load"):
+    for name in ("score_load_small", "rm_train", "dpo_train", "score_load"):
         text = (tmp_path / f"{name}.json").read_text().strip().splitlines()
         assert len(text) == 1, f"{name}: {text}"
         lines[name] = json.loads(text[0])
@@ -56,3 +56,6 @@ def test_run_sh_smoke(tmp_path):
     assert score["model"] == Path(lines["rm_train"]["path"]).name and score["errors"] == 0
     assert score["ratio_vs_offline"] > 0 and score["ratio_vs_per_request"] > 0
     assert 0 < score["cpu_bound_ratio"] < 1   # a CPU run: its server and clients take CPU too
+    small = lines["score_load_small"]   # issue 20's two built models, before the training
+    assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
+    assert small["tiny_ratio_vs_offline"] > 0 and small["overhead_ratio_vs_hello"] > 0
