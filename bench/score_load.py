@@ -202,29 +202,31 @@ def naive(folder: str, items: list, n: dict, env: dict) -> dict:
         stop(server)
 
 
-def cpu_bound_ratio(phase: dict, ceiling: float, cores: int) -> float:
+def cpu_bound_ratio(phase: dict, per_request: int, ceiling: float, cores: int) -> float:
     """The most `ratio_vs_offline` a served phase's own CPU leaves room for when the forwards share
     the machine's `cores`, were its forwards as cheap per item as the ceiling's:
 
         f / (f + s),  f = cores / ceiling (the ceiling's CPU per item, all cores busy),
                       s = (server process + clients) CPU per served item
 
-    served items/s <= cores / (f + s) while the cores are saturated; the server process is HTTP,
-    decoding, tokenizing and batching (its forward processes are the forwards). What stays
-    between this and the measured ratio is the forwards' cuts and scheduling. Not for a GPU,
-    whose forwards do not take these cores.
+    served items/s <= cores / (f + s): assuming the ceiling kept every core busy (one forward
+    process per core), nothing else loaded the machine (a slowed ceiling makes f too high) and the
+    served forwards cost at least f per item. The server process is HTTP, decoding, tokenizing and
+    batching (its forward processes are the forwards). What stays between this and the measured
+    ratio is the forwards' cuts and scheduling. Not for a GPU, whose forwards do not take these
+    cores.
 
     Run 1 of issue 20's tiny model at 0a8e39b: a 1,471 items/s ceiling on 2 cores is 1.360 ms of
     CPU per item; 20,000 single-sample requests in 22.7 s, 0.415 ms of server CPU each, clients
     0.04 of a core (0.045 ms per item): s = 0.460 ms, so at most 1.360 / 1.820 = 0.747 of the
     ceiling (it served 0.599); 0.8 needs s <= 0.340 ms.
 
-    >>> phase = {"items_per_s": 881.06, "seconds": 22.7, "requests": 20_000,
+    >>> phase = {"items_per_s": 881.1, "seconds": 22.7, "requests": 20_000,
     ...          "server_process_cpu_ms_per_request": 0.415, "client_cpu_share": 0.04}
-    >>> cpu_bound_ratio(phase, ceiling=1471, cores=2)
+    >>> cpu_bound_ratio(phase, per_request=1, ceiling=1471, cores=2)
     0.747
     """
-    items = phase["items_per_s"] * phase["seconds"]
+    items = phase["requests"] * per_request
     own = phase["server_process_cpu_ms_per_request"] * phase["requests"] / 1000
     clients = phase["client_cpu_share"] * phase["seconds"]
     forward = cores / ceiling
@@ -280,8 +282,9 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     out["ratio_vs_per_request"] = round(out["single"]["items_per_s"] / out["naive"]["items_per_s"], 2)
     if kind == "cpu":
         cores = len(os.sched_getaffinity(0))
-        out["cpu_bound_ratio"] = {phase: cpu_bound_ratio(out[phase], out["ceiling_items_per_s"], cores)
-                                  for phase in ("single", "batch8")}
+        out["cpu_bound_ratio"] = {phase: cpu_bound_ratio(out[phase], size, out["ceiling_items_per_s"],
+                                                         cores)
+                                  for phase, size in (("single", 1), ("batch8", 8))}
     return out
 
 
@@ -341,6 +344,15 @@ def summary(results: dict, args) -> dict:
         "models": results}
 
 
+def progress(name: str, figures: dict) -> dict:
+    """One stderr line per benched model: a run cut short by a time limit still shows them."""
+    print(f"score_load: {name}: ratio_vs_offline {figures['ratio_vs_offline']}, 8-item "
+          f"{figures['batch8_ratio_vs_offline']}, {figures['single']['items_per_s']} items/s, p99 "
+          f"{figures['single']['p99_ms']} ms, overhead_ratio_vs_hello "
+          f"{figures.get('overhead', {}).get('overhead_ratio_vs_hello')}", file=sys.stderr)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every request count")
@@ -376,12 +388,13 @@ def main() -> None:
     items = hh_items(args.items)
     if args.model:
         requests = MODELS["tiny"][1]   # the larger counts: a GPU serves faster than these CPUs
-        print(json.dumps(summary({Path(args.model).name: bench_model(args.model, items, requests,
-                                                                     args)}, args)))
+        name = Path(args.model).name
+        print(json.dumps(summary({name: progress(name, bench_model(args.model, items, requests,
+                                                                   args))}, args)))
         return
     with tempfile.TemporaryDirectory() as tmp:
-        results = {name: bench_model(str(build_tiny_reward_model(
-            Path(tmp) / name, [p + " " + r for p, r in items], **shape)), items, requests, args)
+        results = {name: progress(name, bench_model(str(build_tiny_reward_model(
+            Path(tmp) / name, [p + " " + r for p, r in items], **shape)), items, requests, args))
             for name, (shape, requests) in MODELS.items()}
     print(json.dumps(summary(results, args)))
 

@@ -44,7 +44,7 @@ def test_run_sh_smoke(tmp_path):
     lines = {}
     for name in ("score_load_small", "rm_train", "dpo_train", "score_load"):
         text = (tmp_path / f"{name}.json").read_text().strip().splitlines()
-        assert len(text) == 1, f"{name}: {text}"
+        assert len(text) == 1, f"{name}: {text}\n{done.stderr[-3000:]}"
         lines[name] = json.loads(text[0])
     for name in ("rm_train", "dpo_train"):
         line = lines[name]
@@ -59,3 +59,4 @@ def test_run_sh_smoke(tmp_path):
     small = lines["score_load_small"]   # issue 20's two built models, before the training
     assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
     assert small["tiny_ratio_vs_offline"] > 0 and small["overhead_ratio_vs_hello"] > 0
+    assert 0 < small["tiny_cpu_bound_ratio"] < 1

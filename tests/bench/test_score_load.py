@@ -26,6 +26,6 @@ def test_cpu_bound_ratio_is_the_ceilings_cpu_share_of_each_served_item():
     # 1 / (1 + 0.375)
     phase = {"items_per_s": 2000.0, "seconds": 1.0, "requests": 1000,
              "server_process_cpu_ms_per_request": 0.5, "client_cpu_share": 0.25}
-    assert bench.cpu_bound_ratio(phase, ceiling=1000, cores=1) == round(1 / 1.375, 3)
+    assert bench.cpu_bound_ratio(phase, 2, ceiling=1000, cores=1) == round(1 / 1.375, 3)
     # the more cores the same ceiling takes, the more CPU per item its forwards have to spare
-    assert bench.cpu_bound_ratio(phase, ceiling=1000, cores=2) == round(2 / 2.375, 3)
+    assert bench.cpu_bound_ratio(phase, 2, ceiling=1000, cores=2) == round(2 / 2.375, 3)
