@@ -39,6 +39,8 @@ A server with 64 single-sample clients never holds more than 64 items, so it can
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
 fixed random order sorted only within each 64 and cut with the server's padding limit (no HTTP, no
 tokenizing), the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
+`batch_bound_in_process_by_padding` has it at padding limits 0.1, 1 and none (in this process), to
+tell whether the server's default limit on this device (AUTO_PADDING) cuts best.
 Each served phase also reads the server's /metrics: `forward_busy` (share of the phase the model
 was in a forward; near 1 the forward is the limit) and `forward_items_per_s` (its speed meanwhile).
 On a CPU the forwards share the cores with the server and the clients: `cpu_bound_ratio` (per
@@ -79,6 +81,7 @@ from service.ports import free_port  # noqa: E402  (after the path line, as the 
 from service.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING, forward_processes  # noqa: E402
 
 CUT = 300
+PADDINGS = (0.1, 1.0, float("inf"))  # padding limits the batch bound is also measured at
 MODELS = {  # name -> build_tiny_reward_model arguments, requests per phase at scale 1
     "tiny": ({"hidden": 64, "layers": 2, "vocab_size": 512},
              {"single": 20_000, "batch8": 2_500, "naive": 3_000, "overhead": 5_000}),
@@ -260,6 +263,13 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     bound = {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
                                seen=CLIENTS, padding=AUTO_PADDING[kind], processes=p)
              for way, p in ways.items()}
+    # the same cuts at other padding limits, in this process: whether the server's default
+    # (AUTO_PADDING) is the best cut of 64 waiting rows on this device (on a GPU whose forward
+    # costs its kernel launches, padding is nearly free and every cut costs a forward)
+    by_padding = {limit: offline_rate(folder, items, args.batch_tokens, seconds=seconds,
+                                      device=device, seen=CLIENTS, padding=limit)
+                  for limit in PADDINGS if limit != AUTO_PADDING[kind]}
+    by_padding[AUTO_PADDING[kind]] = bound["in_process"]
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
     if "overhead" in n:
         out["overhead"] = overhead(folder, n["overhead"], env)
@@ -272,6 +282,8 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     out["offline_single_items_per_s"] = round(single, 1)
     out["batch_bound_items_per_s"] = round(max(bound.values()), 1)
     out["batch_bound_by_way"] = {way: round(rate, 1) for way, rate in bound.items()}
+    out["batch_bound_in_process_by_padding"] = {str(limit): round(rate, 1)
+                                                for limit, rate in sorted(by_padding.items())}
     out["ratio_vs_batch_bound"] = round(out["single"]["items_per_s"] / max(bound.values()), 3)
     out["per_request_bound"] = round(out["ceiling_items_per_s"] / single, 2)
     out["ratio_vs_offline"] = round(out["single"]["items_per_s"] / out["ceiling_items_per_s"], 3)

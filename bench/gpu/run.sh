@@ -38,7 +38,7 @@ else
   # took ~110 s on the H200 (2026-12-04), warm-up runs included
   SCORE=(--device cuda --scale 0.3 --offline-seconds 4)
   # scale 0.1: 2,000 single-sample requests for the tiny model, 300 for the 5M one
-  SMALL=(--device cuda --scale 0.1 --offline-seconds 2)
+  SMALL=(--device cuda --scale 0.1 --offline-seconds 1)
   LIMIT=(timeout)   # the 9-minute plan: small models 100 s, training 200 s, serving 240 s at most
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
   # fail in seconds, not after the training, when the server's imports are not all there
