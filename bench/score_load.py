@@ -70,8 +70,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-from starlette.requests import Request  # the naive server's handler annotation, resolved at import
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.ceiling import offline_rate  # noqa: E402
@@ -106,52 +104,17 @@ def hh_items(limit: int = 1000) -> list[tuple[str, str]]:
 # --- servers ---------------------------------------------------------------------------------
 
 
+REFERENCE = str(ROOT / "bench" / "reference_servers.py")  # the naive and hello-world servers
+
+
 def start(argv: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
     return spawn(argv, f"http://127.0.0.1:{port}/readyz", 180, f"server {argv[2:4]}", env)
 
 
-def naive_server(model_dir: str, port: int) -> None:
-    """One forward per request, run inside the request handler: OpenRLHF serve_rm.py's shape."""
-    import torch
-    import uvicorn
-    from fastapi import FastAPI
-
-    from rm.model import RewardModel
-
-    torch.set_num_threads(int(os.environ["BRADLEY_TORCH_THREADS"]))
-    model = RewardModel.load(model_dir, device=os.environ.get("BRADLEY_DEVICE", "cpu"))
-    app = FastAPI()
-
-    @app.post("/score")
-    async def score(request: Request):
-        items = (await request.json())["items"]
-        return {"scores": model.score([i["prompt"] for i in items], [i["response"] for i in items],
-                                      batch_size=len(items))}
-
-    @app.get("/readyz")
-    async def ready():
-        return {"status": "ready"}
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-
-
-def hello_server(port: int) -> None:
-    """FastAPI hello-world on the same uvicorn (same loop and HTTP parser as `bradley serve`): the
-    floor of any route's per-request cost. It answers POST /score so the same clients drive it."""
-    import uvicorn
-    from fastapi import FastAPI
-
-    app = FastAPI()
-
-    @app.post("/score")
-    async def hello():
-        return {"hello": "world"}
-
-    @app.get("/readyz")
-    async def ready():
-        return {"status": "ready"}
-
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+def serve_argv(folder: str, port: int) -> list[str]:
+    """`bradley serve` of one model folder, read-only, on `port`."""
+    return [sys.executable, "-m", "service.cli", "--db", str(Path(folder).parent / "none.duckdb"),
+            "serve", "--read-only", "--port", str(port), "--model", folder]
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -160,9 +123,7 @@ def hello_server(port: int) -> None:
 
 def served(folder: str, items: list, n: dict, env: dict) -> dict:
     port = free_port()
-    argv = [sys.executable, "-m", "service.cli", "--db", str(Path(folder).parent / "none.duckdb"),
-            "serve", "--read-only", "--port", str(port), "--model", folder]
-    server = start(argv, port, env)
+    server = start(serve_argv(folder, port), port, env)
     try:
         drive(port, items, CLIENTS * 4, 1, server.pid)  # warm-up
         return {"single": drive_measured(port, items, n["single"], 1, server.pid),
@@ -176,16 +137,14 @@ def overhead(folder: str, n: int, env: dict) -> dict:
     work, next to nothing of the model's) on `bradley serve`, against the hello-world server."""
     one = [("", "a")]
     port = free_port()
-    argv = [sys.executable, "-m", "service.cli", "--db", str(Path(folder).parent / "none.duckdb"),
-            "serve", "--read-only", "--port", str(port), "--model", folder]
-    server = start(argv, port, env)
+    server = start(serve_argv(folder, port), port, env)
     try:
         drive(port, one, CLIENTS * 4, 1, server.pid)
         scored = drive(port, one, n, 1, server.pid)
     finally:
         stop(server)
     port = free_port()
-    server = start([sys.executable, __file__, "--hello", str(port)], port, env)
+    server = start([sys.executable, REFERENCE, "hello", str(port)], port, env)
     try:
         drive(port, one, CLIENTS * 4, 1, server.pid)
         hello = drive(port, one, n, 1, server.pid)
@@ -197,7 +156,7 @@ def overhead(folder: str, n: int, env: dict) -> dict:
 
 def naive(folder: str, items: list, n: dict, env: dict) -> dict:
     port = free_port()
-    server = start([sys.executable, __file__, "--naive", folder, str(port)], port, env)
+    server = start([sys.executable, REFERENCE, "naive", folder, str(port)], port, env)
     try:
         drive(port, items, CLIENTS, 1, server.pid)
         return {"naive": drive(port, items, n["naive"], 1, server.pid)}
@@ -383,15 +342,9 @@ def main() -> None:
                         help="timing of each offline (ceiling) run")
     parser.add_argument("--items", type=int, default=1000,
                         help="hh-rlhf items the clients cycle through and the ceiling scores")
-    parser.add_argument("--naive", nargs=2, metavar=("MODEL_DIR", "PORT"), help=argparse.SUPPRESS)
-    parser.add_argument("--hello", type=int, metavar="PORT", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.batch_tokens is None:
         args.batch_tokens = AUTO_BATCH_TOKENS["cuda"] if args.device.startswith("cuda") else 4096
-    if args.hello:
-        return hello_server(args.hello)
-    if args.naive:
-        return naive_server(args.naive[0], int(args.naive[1]))
     import torch
 
     from rm.model import build_tiny_reward_model

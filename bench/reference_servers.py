@@ -1,0 +1,67 @@
+"""The servers bench/score_load.py holds `bradley serve` against, each run as its own process on
+127.0.0.1 (same uvicorn, same loop and HTTP parser):
+
+    python bench/reference_servers.py naive MODEL_DIR PORT   # one forward per request
+    python bench/reference_servers.py hello PORT             # FastAPI hello-world
+
+Both answer `POST /score` (so the same clients drive them) and `GET /readyz`."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from starlette.requests import Request  # the naive server's handler annotation, resolved at import
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def naive_server(model_dir: str, port: str) -> None:
+    """One forward per request, run inside the request handler: OpenRLHF serve_rm.py's shape."""
+    import torch
+    from fastapi import FastAPI
+
+    from rm.model import RewardModel
+
+    torch.set_num_threads(int(os.environ["BRADLEY_TORCH_THREADS"]))
+    model = RewardModel.load(model_dir, device=os.environ.get("BRADLEY_DEVICE", "cpu"))
+    app = FastAPI()
+
+    @app.post("/score")
+    async def score(request: Request):
+        items = (await request.json())["items"]
+        return {"scores": model.score([i["prompt"] for i in items], [i["response"] for i in items],
+                                      batch_size=len(items))}
+
+    _run(app, port)
+
+
+def hello_server(port: str) -> None:
+    """FastAPI hello-world: the floor of any route's per-request cost."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/score")
+    async def hello():
+        return {"hello": "world"}
+
+    _run(app, port)
+
+
+def _run(app, port: str) -> None:
+    import uvicorn
+
+    @app.get("/readyz")
+    async def ready():
+        return {"status": "ready"}
+
+    uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False)
+
+
+SERVERS = {"naive": naive_server, "hello": hello_server}
+
+if __name__ == "__main__":
+    SERVERS[sys.argv[1]](*sys.argv[2:])
