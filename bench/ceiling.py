@@ -9,18 +9,27 @@ import time
 
 def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
                  seconds: float = 8.0, device: str = "cpu", seen: int | None = None,
-                 padding: float = float("inf"), processes: int = 0) -> float:
+                 padding: float = float("inf"), processes: int = 0,
+                 overhead_tokens: float | None = None) -> float:
     """Items/s of RewardModel.score_encoded on pre-tokenized items in globally length-sorted
     forwards of at most `rows` rows and `budget` padded tokens (rows=1: one forward per item).
     `seen=N`: items in a fixed random order, sorted only within each N (what a server sees when
     N single-sample clients wait at once: the batch bound), cut into forwards as the server cuts
-    them (`padding`: its BRADLEY_MAX_PADDING default, service.runtime.AUTO_PADDING).
+    them (`padding`: its BRADLEY_MAX_PADDING default, service.runtime.AUTO_PADDING; or, given
+    `overhead_tokens`, by cost as a server that learned that overhead cuts them, each forward at
+    most a share of its pool per forward process: service/forward_plan.py).
     `processes=N`: the same forwards on N forward processes of one thread each, N at a time
     (service/forward_pool.py, what `bradley serve` runs on a CPU), instead of in this process."""
     import random
 
     from rm.model import RewardModel
-    from service.batcher import plan_forwards
+    from service.forward_plan import plan_by_cost, plan_forwards
+
+    def cut(lengths: list[int]) -> list[list[int]]:
+        if overhead_tokens is None:
+            return plan_forwards(lengths, budget, rows, padding)
+        share = -(-len(lengths) // max(processes, 1))
+        return plan_by_cost(lengths, budget, min(rows, share), overhead_tokens)
 
     model = RewardModel.load(model_dir, device=device)
     if rows == 1:  # one forward per item: a quarter of them (on the H200 each took 31 ms)
@@ -28,8 +37,7 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     ids = model.encode([p for p, _ in items], [r for _, r in items])
     order = random.Random(0).sample(range(len(ids)), len(ids))
     groups = [order[k:k + seen] for k in range(0, len(ids), seen)] if seen else [order]
-    forwards = [[ids[g[i]] for i in f] for g in groups
-                for f in plan_forwards([len(ids[i]) for i in g], budget, rows, padding)]
+    forwards = [[ids[g[i]] for i in f] for g in groups for f in cut([len(ids[i]) for i in g])]
     if processes:
         done, seconds = _pool_run(model_dir, forwards, processes, seconds)
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import sys
 import time
 import urllib.request
@@ -66,10 +67,11 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
 
 def forward_counters(port: int) -> dict:
     """The batcher's forward series from the server's /metrics (seconds in forwards, forwards,
-    rows) and its prompt cache's look-ups."""
+    rows), its prompt cache's look-ups and the forward overhead it learned."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     wanted = ("bradley_forward_seconds_sum", "bradley_forward_rows_count", "bradley_forward_rows_sum",
-              'bradley_prompt_cache_lookups{result="hit"}', 'bradley_prompt_cache_lookups{result="miss"}')
+              'bradley_prompt_cache_lookups{result="hit"}', 'bradley_prompt_cache_lookups{result="miss"}',
+              "bradley_forward_overhead_tokens")
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line.split(" ", 1)[0] in wanted}
 
@@ -79,10 +81,12 @@ def drive_measured(port: int, items: list, requests: int, per_request: int, pid:
     was in a forward: near 1, the model is the limit, not the server's other work), rows per
     forward, `forward_items_per_s` (items per second of forward) and `prompt_cache_hit_share`
     (items whose prompt part came from rm/prompt_cache.py: these clients cycle through the items,
-    so from the second pass nearly all)."""
+    so from the second pass nearly all), and `forward_overhead_tokens`: what a forward costs before
+    its first token, in padded tokens, as the server learned it by the end (None before it has)."""
     before = forward_counters(port)
     out = drive(port, items, requests, per_request, pid)
-    spent = {k: v - before.get(k, 0.0) for k, v in forward_counters(port).items()}
+    after = forward_counters(port)
+    spent = {k: v - before.get(k, 0.0) for k, v in after.items()}
     seconds, forwards = spent["bradley_forward_seconds_sum"], spent["bradley_forward_rows_count"]
     rows = spent["bradley_forward_rows_sum"]
     hits = spent.get('bradley_prompt_cache_lookups{result="hit"}', 0.0)
@@ -90,4 +94,12 @@ def drive_measured(port: int, items: list, requests: int, per_request: int, pid:
     return out | {"forward_busy": round(seconds / out["seconds"], 3),
                   "rows_per_forward": round(rows / max(forwards, 1), 1),
                   "forward_items_per_s": round(rows / seconds, 1) if seconds else None,
-                  "prompt_cache_hit_share": round(hits / lookups, 3) if lookups else None}
+                  "prompt_cache_hit_share": round(hits / lookups, 3) if lookups else None,
+                  "forward_overhead_tokens": _number(after.get("bradley_forward_overhead_tokens"))}
+
+
+def _number(value: float | None) -> float | None:
+    """A gauge's value for JSON: NaN (not yet known) as None, an unbounded one as a string."""
+    if value is None or math.isnan(value):
+        return None
+    return "inf" if math.isinf(value) else round(value, 1)

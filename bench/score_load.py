@@ -37,12 +37,14 @@ tokenizing, batching: what caps a server whose forwards run on a GPU); the summa
 
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
-fixed random order sorted only within each 64 and cut with the server's padding limit (no HTTP, no
-tokenizing), the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
-`batch_bound_in_process_by_padding` has it at padding limits 0.1, 1 and none (in this process), to
-tell whether the server's default limit on this device (AUTO_PADDING) cuts best.
+fixed random order sorted only within each 64 and cut as the server cuts them (no HTTP, no
+tokenizing): by the forward cost it learned while serving (service/forward_plan.py), else by its
+padding limit; the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
+`batch_bound_in_process_by_padding` has it at padding limits 0.1, 1 and none too (in this process,
+"cost N": the learned cut), to tell whether cutting by cost beats every fixed limit on this device.
 Each served phase also reads the server's /metrics: `forward_busy` (share of the phase the model
-was in a forward; near 1 the forward is the limit) and `forward_items_per_s` (its speed meanwhile).
+was in a forward; near 1 the forward is the limit), `forward_items_per_s` (its speed meanwhile)
+and `forward_overhead_tokens` (a forward's fixed cost in padded tokens, as the server learned it).
 On a CPU the forwards share the cores with the server and the clients: `cpu_bound_ratio` (per
 phase; `tiny_cpu_bound_ratio`) is the most `ratio_vs_offline` their measured CPU per item leaves room
 for, were the served forwards as cheap per item as the ceiling's (`cpu_bound_ratio()`).
@@ -219,17 +221,22 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
 
     before = ceiling()
     single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=seconds / 2, device=device)
-    bound = {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
-                               seen=CLIENTS, padding=AUTO_PADDING[kind], processes=p)
-             for way, p in ways.items()}
-    # the same cuts at other padding limits, in this process: whether the server's default
-    # (AUTO_PADDING) is the best cut of 64 waiting rows on this device (on a GPU whose forward
-    # costs its kernel launches, padding is nearly free and every cut costs a forward)
-    by_padding = {limit: offline_rate(folder, items, args.batch_tokens, seconds=seconds,
-                                      device=device, seen=CLIENTS, padding=limit)
-                  for limit in PADDINGS if limit != AUTO_PADDING[kind]}
-    by_padding[AUTO_PADDING[kind]] = bound["in_process"]
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
+    # the server's cuts of 64 waiting rows: by the forward cost it learned while serving, else
+    # (not learned) by its padding limit; and, in this process, at padding limits instead: whether
+    # cutting by cost beats every fixed limit on this device (on a GPU whose forward costs its
+    # kernel launches, padding is nearly free and every cut costs a forward)
+    learned = out["single"].get("forward_overhead_tokens")
+    learned = float(learned) if learned is not None else None
+    bound = {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
+                               seen=CLIENTS, padding=AUTO_PADDING[kind], processes=p,
+                               overhead_tokens=learned)
+             for way, p in ways.items()}
+    by_padding = {str(limit): offline_rate(folder, items, args.batch_tokens, seconds=seconds,
+                                           device=device, seen=CLIENTS, padding=limit)
+                  for limit in PADDINGS if learned is not None or limit != AUTO_PADDING[kind]}
+    by_padding[f"cost {learned}" if learned is not None else str(AUTO_PADDING[kind])] = \
+        bound["in_process"]
     if "overhead" in n:
         out["overhead"] = overhead(folder, n["overhead"], env)
     # other work on a shared machine moves every figure: the ceiling is the best of the
@@ -241,8 +248,7 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     out["offline_single_items_per_s"] = round(single, 1)
     out["batch_bound_items_per_s"] = round(max(bound.values()), 1)
     out["batch_bound_by_way"] = {way: round(rate, 1) for way, rate in bound.items()}
-    out["batch_bound_in_process_by_padding"] = {str(limit): round(rate, 1)
-                                                for limit, rate in sorted(by_padding.items())}
+    out["batch_bound_in_process_by_padding"] = {cut: round(rate, 1) for cut, rate in by_padding.items()}
     out["ratio_vs_batch_bound"] = round(out["single"]["items_per_s"] / max(bound.values()), 3)
     out["per_request_bound"] = round(out["ceiling_items_per_s"] / single, 2)
     out["ratio_vs_offline"] = round(out["single"]["items_per_s"] / out["ceiling_items_per_s"], 3)

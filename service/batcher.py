@@ -5,7 +5,9 @@ and wait in one queue. A worker thread takes the oldest request, keeps collectin
 pool holds `max_batch_items` items or `max_batch_tokens` tokens per worker, or `max_wait_s` has
 passed since that request arrived, sorts the pool's rows by length (so rows of similar length share
 a forward and padding stays small), cuts them into forwards of at most `max_batch_tokens` padded
-tokens (rows x longest row) and `max_padding` wasted tokens per real one, and queues those forwards.
+tokens (rows x longest row), and queues those forwards. Where to cut (service/forward_plan.py):
+with `learn_cost`, where the model's own timed forwards say a cut saves more padding than a forward
+costs; until they say, and without it, at `max_padding` wasted tokens per real one.
 Every worker takes the next planned forward when it is free, and collects a new pool only when none
 is left. There is one worker unless the scorer runs forwards elsewhere (on a CPU,
 service/forward_pool.py: a process per worker); then the workers share one plan, so the rows of all
@@ -39,11 +41,15 @@ tokenized for the old model is scored by the old model.
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+
+from service.forward_plan import ForwardCost, plan_by_cost, plan_forwards
 
 Scorer = Callable[[list[list[int]]], Sequence[float]]
 
@@ -79,51 +85,19 @@ class _Job:
 Row = tuple[_Job, int]  # row k of a job
 
 
-def plan_forwards(lengths: Sequence[int], max_tokens: int, max_items: int,
-                  max_padding: float = float("inf")) -> list[list[int]]:
-    """Split rows into forwards: rows sorted by length; each forward's padded size
-    (rows x longest row) within `max_tokens`, its rows within `max_items`, and its padding within
-    `max_padding` x its real tokens (on a CPU a padded token costs as much as a real one and a
-    bigger batch buys little, so waste is worth avoiding; a GPU prefers big batches). A row longer
-    than `max_tokens` gets a forward of its own. Returns the row indices of each forward.
-
-    >>> plan_forwards([5, 1, 4, 2], max_tokens=8, max_items=8)
-    [[1, 3], [2], [0]]
-    >>> plan_forwards([1, 1, 1], max_tokens=100, max_items=2)
-    [[0, 1], [2]]
-    >>> plan_forwards([10, 10, 11, 20], max_tokens=100, max_items=8, max_padding=0.1)
-    [[0, 1, 2], [3]]
-    """
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    forwards: list[list[int]] = []
-    current: list[int] = []
-    real = 0
-    for i in order:
-        # sorted ascending, so row i is the longest of the forward if it joins
-        padded = (len(current) + 1) * lengths[i]
-        if current and (padded > max_tokens or len(current) >= max_items
-                        or padded > (1 + max_padding) * (real + lengths[i])):
-            forwards.append(current)
-            current, real = [], 0
-        current.append(i)
-        real += lengths[i]
-    if current:
-        forwards.append(current)
-    return forwards
-
-
 class Batcher:
     """One queue, one worker thread. `await score(scorer, ids)` from any event loop."""
 
     def __init__(self, max_batch_tokens: int = 16384, max_batch_items: int = 256,
                  max_wait_s: float = 0.003, max_queue_items: int = 50_000,
-                 max_padding: float = float("inf"),
+                 max_padding: float = float("inf"), learn_cost: bool = False,
                  on_forward: Callable[[int, int, int, float], None] | None = None):
         if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_s < 0:
             raise ValueError("batch limits must be positive and max_wait_s non-negative")
         self.max_batch_tokens, self.max_batch_items = max_batch_tokens, max_batch_items
         self.max_wait_s, self.max_queue_items = max_wait_s, max_queue_items
-        self.max_padding = max_padding
+        self.max_padding, self.learn_cost = max_padding, learn_cost
+        self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scorer -> ForwardCost
         self.on_forward = on_forward  # (rows, tokens, padded_tokens, seconds) after each forward
         self._queue: deque[_Job] = deque()
         self._queued_items = 0
@@ -142,6 +116,13 @@ class Batcher:
     @property
     def queued_items(self) -> int:
         return self._queued_items
+
+    def overhead_tokens(self, scorer: Scorer) -> float:
+        """What a forward of `scorer` costs before its first token, in padded tokens, as learned so
+        far (NaN until then, or without `learn_cost`)."""
+        with self._cond:
+            known = self._known_overhead(scorer)
+        return math.nan if known is None else known
 
     async def score(self, scorer: Scorer, ids: list[list[int]]) -> list[float]:
         if not ids:
@@ -220,13 +201,14 @@ class Batcher:
                 self._planning = True
                 try:
                     rows = self._collect()
+                    if rows is not None:
+                        self._planned.extend(self._plan(rows))
+                        self.stats["pools"] += 1
                 finally:
                     self._planning = False
                     self._planned_cond.notify_all()
                 if rows is None:
                     return None
-                self._planned.extend(self._plan(rows))
-                self.stats["pools"] += 1
             return self._planned.popleft()
 
     def _finish(self, rows: list[Row]) -> None:
@@ -269,14 +251,47 @@ class Batcher:
 
     def _plan(self, rows: list[Row]) -> list[tuple[Scorer, list[Row]]]:
         """The pool's forwards: rows grouped by scorer (two models never share a forward), each
-        group cut by `plan_forwards`."""
+        group cut by what its forwards cost when that is known, else by the padding limit. Called
+        with the lock held; the cutting itself runs without it (the other workers wait for this
+        plan anyway, and new requests need not)."""
         by_scorer: dict[Scorer, list[Row]] = {}
         for job, k in rows:
             by_scorer.setdefault(job.scorer, []).append((job, k))
-        return [(scorer, [group[i] for i in forward]) for scorer, group in by_scorer.items()
-                for forward in plan_forwards([len(job.ids[k]) for job, k in group],
-                                             self.max_batch_tokens, self.max_batch_items,
-                                             self.max_padding)]
+        groups = [(scorer, group, self._known_overhead(scorer)) for scorer, group in by_scorer.items()]
+        self._cond.release()
+        try:
+            return [(scorer, [group[i] for i in forward]) for scorer, group, overhead in groups
+                    for forward in self._cut([len(job.ids[k]) for job, k in group], overhead)]
+        finally:
+            self._cond.acquire()
+
+    def _cut(self, lengths: list[int], overhead_tokens: float | None) -> list[list[int]]:
+        if overhead_tokens is None:
+            return plan_forwards(lengths, self.max_batch_tokens, self.max_batch_items,
+                                 self.max_padding)
+        # every worker should get a forward of this pool: they run side by side
+        share = -(-len(lengths) // max(self._workers, 1))
+        return plan_by_cost(lengths, self.max_batch_tokens, min(share, self.max_batch_items),
+                            overhead_tokens)
+
+    def _known_overhead(self, scorer: Scorer) -> float | None:
+        cost = self._cost(scorer)
+        return cost.overhead_tokens if cost is not None else None
+
+    def _cost(self, scorer: Scorer) -> ForwardCost | None:
+        """The scorer's learned forward cost (lock held); None without `learn_cost`, or for a scorer
+        nothing can refer to weakly. Kept by the object the scorer is a method of, so it goes with
+        a swapped-out model."""
+        if not self.learn_cost:
+            return None
+        owner = getattr(scorer, "__self__", scorer)
+        try:
+            cost = self._costs.get(owner)
+            if cost is None:
+                cost = self._costs[owner] = ForwardCost()
+        except TypeError:
+            return None
+        return cost
 
     def _forward(self, scorer: Scorer, rows: list[Row]) -> None:
         pending = [(job, k) for job, k in rows if job.error is None]
@@ -292,13 +307,14 @@ class Batcher:
             for job, _ in pending:
                 job.error = exc
             return
+        seconds, padded = time.perf_counter() - started, max(map(len, batch)) * len(batch)
         with self._cond:
             self.stats["forwards"] += 1
             self.stats["items"] += len(pending)
+            if (cost := self._cost(scorer)) is not None:
+                cost.observe(padded, seconds)
         if self.on_forward is not None:
-            longest = max(len(row) for row in batch)
-            self.on_forward(len(batch), sum(len(row) for row in batch), longest * len(batch),
-                            time.perf_counter() - started)
+            self.on_forward(len(batch), sum(len(row) for row in batch), padded, seconds)
         for (job, k), score in zip(pending, scores, strict=True):
             job.scores[k] = float(score)
 

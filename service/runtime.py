@@ -39,11 +39,9 @@ UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
 # a large one's tokenization (each lane is one thread: they share the GIL with the loop, which the
 # interpreter hands over every switch interval: 0.5 ms while serving, service.app.tune_interpreter).
 SMALL_REQUEST_CHARS = 16_384
-# Padding allowed per real token when BRADLEY_MAX_PADDING is unset. Measured here (2-core CPU, 64
-# single-sample clients, 2 forward threads): the 5M model (~114 tokens/item) is compute-bound and
-# served 149 items/s with 0 and 148 with 0.1; the tiny model is bound by the GIL (event loop and
-# forward dispatch share one interpreter), so fewer, fuller forwards pay: 449 items/s with 0, 593
-# with 0.2. Unbounded padding costs the 5M model a third. A GPU wants big batches, padding is cheap.
+# Padding allowed per real token while the batcher has not yet learned what the model's forwards
+# cost (service/forward_plan.py), when BRADLEY_MAX_PADDING is unset; setting it keeps that limit
+# for good. On a CPU a padded token costs as much as a real one; a GPU wants big batches.
 AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
 # Padded tokens per forward when BRADLEY_MAX_BATCH_TOKENS is unset. On the H200 (bench/gpu/run.sh) a
 # forward of the 30-layer 135M model took 31 ms for 1 row and 36 ms for 64 rows of 300 tokens
@@ -185,11 +183,13 @@ class Service:
         device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")
         padding, tokens = self.settings.max_padding, self.settings.max_batch_tokens
         self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
+        self.batcher.learn_cost = padding is None
         self.batcher.max_batch_tokens = tokens or AUTO_BATCH_TOKENS.get(device, 65536)
         if loaded.pool is not None:
             self.batcher.start(loaded.pool.processes)  # one worker per process
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
-        self.metrics.on_model(loaded.id, loaded.rm.prompts)
+        self.metrics.on_model(loaded.id, loaded.rm.prompts,
+                              lambda: self.batcher.overhead_tokens(loaded.scorer))
         log.info("serving model %s from %s", loaded.id, loaded.path)
 
     async def load_model(self, ref: str) -> LoadedModel:

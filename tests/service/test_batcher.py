@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.batcher import Batcher, QueueFull, ShuttingDown, plan_forwards
+from service.batcher import Batcher, QueueFull, ShuttingDown
+from service.forward_plan import plan_forwards
 
 
 class Recorder:
