@@ -18,7 +18,7 @@ rows and at most k in a forward). It needs a / b, which `ForwardCost` learns per
 forwards the batcher times: a weighted least-squares line through (padded tokens, seconds) with
 relative weights 1 / seconds^2 (forwards span 1-100 ms; unweighted, the large ones' noise and their
 attention's extra cost would swamp the fixed part) and exponential forgetting, so it follows the
-machine's load and a swapped model starts afresh. Until it has seen enough forwards of different
+machine's load (the batcher keeps one per model: a swapped-in model starts afresh). Until it has seen enough forwards of different
 sizes, `plan_forwards` cuts by a padding limit instead (BRADLEY_MAX_PADDING; setting it turns the
 learning off).
 
