@@ -7,8 +7,8 @@ A forward of `rows` rows padded to its longest row costs about
 a fixed part `a` per forward (a Python call per module and op, a kernel launch per op on a GPU,
 the pipe to a forward process) and a part `b` per padded token. In padded tokens, a forward costs
 `a / b` before it does any work: measured here for the tiny model on one thread, a = 1.5 ms and
-b = 8 us, ~190 tokens; the 5M model ~17; under /score's load on the 2-core machine the tiny model's
-forward processes took a = 2.6-2.8 ms, b = 12-14 us (~180-230 tokens). On a GPU that launches
+b = 8 us, ~190 tokens; the 5M model ~17; under /score's load on the 2-core machine the batcher
+learned 140-260 for the tiny model's forward processes and 31-81 for the 5M model's. On a GPU that launches
 more than it computes (the H200's 135M model: 31 ms for 1 row, 36 ms for 64 rows of 300 tokens),
 a / b is tens of thousands of tokens and one forward should take everything.
 
