@@ -23,13 +23,7 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     import random
 
     from rm.model import RewardModel
-    from service.forward_plan import plan_by_cost, plan_forwards
-
-    def cut(lengths: list[int]) -> list[list[int]]:
-        if overhead_tokens is None:
-            return plan_forwards(lengths, budget, rows, padding)
-        share = -(-len(lengths) // max(processes, 1))
-        return plan_by_cost(lengths, budget, min(rows, share), overhead_tokens)
+    from service.forward_plan import cut_pool
 
     model = RewardModel.load(model_dir, device=device)
     if rows == 1:  # one forward per item: a quarter of them (on the H200 each took 31 ms)
@@ -37,7 +31,9 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     ids = model.encode([p for p, _ in items], [r for _, r in items])
     order = random.Random(0).sample(range(len(ids)), len(ids))
     groups = [order[k:k + seen] for k in range(0, len(ids), seen)] if seen else [order]
-    forwards = [[ids[g[i]] for i in f] for g in groups for f in cut([len(ids[i]) for i in g])]
+    forwards = [[ids[g[i]] for i in f] for g in groups
+                for f in cut_pool([len(ids[i]) for i in g], budget, rows, padding, overhead_tokens,
+                                  processes)]
     if processes:
         done, seconds = _pool_run(model_dir, forwards, processes, seconds)
     else:

@@ -49,7 +49,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from service.forward_plan import ForwardCost, plan_by_cost, plan_forwards
+from service.forward_plan import ForwardCost, cut_pool
 
 Scorer = Callable[[list[list[int]]], Sequence[float]]
 
@@ -266,13 +266,8 @@ class Batcher:
             self._cond.acquire()
 
     def _cut(self, lengths: list[int], overhead_tokens: float | None) -> list[list[int]]:
-        if overhead_tokens is None:
-            return plan_forwards(lengths, self.max_batch_tokens, self.max_batch_items,
-                                 self.max_padding)
-        # every worker should get a forward of this pool: they run side by side
-        share = -(-len(lengths) // max(self._workers, 1))
-        return plan_by_cost(lengths, self.max_batch_tokens, min(share, self.max_batch_items),
-                            overhead_tokens)
+        return cut_pool(lengths, self.max_batch_tokens, self.max_batch_items, self.max_padding,
+                        overhead_tokens, self._workers)
 
     def _known_overhead(self, scorer: Scorer) -> float | None:
         cost = self._cost(scorer)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+EXACT_ROWS = 128  # pools up to this many rows are cut exactly
+
 
 def plan_forwards(lengths: Sequence[int], max_tokens: int, max_items: int,
                   max_padding: float = float("inf")) -> list[list[int]]:
@@ -74,27 +76,72 @@ def plan_by_cost(lengths: Sequence[int], max_tokens: int, max_items: int,
     the one with the longest row first, the same numbers of rows from the top of the sorted order,
     and no forward's longest row grows (the k-th gets rows no longer than its old longest, since at
     most the first k-1 forwards held longer ones). With an infinite overhead, forwards are as large
-    as the limits allow."""
+    as the limits allow. Pools of more than EXACT_ROWS rows are cut between units of
+    ceil(rows / EXACT_ROWS) consecutive sorted rows, which keeps the work near 1 ms a pool."""
     if math.isinf(overhead_tokens):
         return plan_forwards(lengths, max_tokens, max_items)
     order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-    sorted_lengths = [lengths[i] for i in order]
-    best = [0.0] + [math.inf] * len(order)  # best[j]: least cost of the first j sorted rows
-    start = [0] * (len(order) + 1)          # where the last forward of that plan starts
-    for j in range(1, len(order) + 1):
-        longest = sorted_lengths[j - 1]
-        for i in range(j - 1, max(j - max_items, 0) - 1, -1):
-            rows = j - i
-            if rows > 1 and rows * longest > max_tokens:
+    if not order:
+        return []
+    whole = len(order) * lengths[order[-1]]
+    if len(order) <= max_items and whole <= max_tokens and whole <= overhead_tokens:
+        return [order]  # one forward: any second would cost more than all the padding
+    units = _units(order, lengths, -(-len(order) // EXACT_ROWS), max_tokens, max_items)
+    starts = _cheapest_starts([len(u) for u in units], [lengths[u[-1]] for u in units],
+                              max_tokens, max_items, overhead_tokens)
+    return [[i for unit in units[a:b] for i in unit]
+            for a, b in zip(starts, [*starts[1:], len(units)], strict=True)]
+
+
+def _units(order: list[int], lengths: Sequence[int], size: int, max_tokens: int,
+           max_items: int) -> list[list[int]]:
+    """Consecutive sorted rows in groups of at most `size`, each within the limits on its own."""
+    units: list[list[int]] = []
+    for i in order:
+        if not units or len(units[-1]) >= min(size, max_items) \
+                or (len(units[-1]) + 1) * lengths[i] > max_tokens:
+            units.append([])
+        units[-1].append(i)
+    return units
+
+
+def _cheapest_starts(counts: list[int], longest: list[int], max_tokens: int, max_items: int,
+                     overhead: float) -> list[int]:
+    """Where each forward starts (a unit index) in the cheapest plan: best[j] is the least cost of
+    the first j units, best[j] = min over i of best[i] + overhead + rows(i, j) x longest[j - 1].
+    A forward [i, j) that splitting at its middle m would make cheaper, rows(i, m) x (longest[j-1] -
+    longest[m-1]) > overhead, ends the search for j: any earlier start splits the same way."""
+    before = [0]
+    for count in counts:
+        before.append(before[-1] + count)
+    best, start = [0.0] + [math.inf] * len(counts), [0] * (len(counts) + 1)
+    for j in range(1, len(counts) + 1):
+        top = longest[j - 1]
+        for i in range(j - 1, -1, -1):
+            rows, middle = before[j] - before[i], (i + j) // 2
+            if rows > max_items or (i < j - 1 and rows * top > max_tokens) \
+                    or (before[middle] - before[i]) * (top - longest[middle - 1]) > overhead:
                 break
-            cost = best[i] + overhead_tokens + rows * longest
-            if cost < best[j]:
+            cost = best[i] + overhead + rows * top
+            if cost <= best[j]:  # ties: the larger forward
                 best[j], start[j] = cost, i
-    forwards, j = [], len(order)
+    starts, j = [], len(counts)
     while j:
-        forwards.append(order[start[j]:j])
+        starts.append(start[j])
         j = start[j]
-    return forwards[::-1]
+    return starts[::-1]
+
+
+def cut_pool(lengths: Sequence[int], max_tokens: int, max_items: int,
+             max_padding: float = math.inf, overhead_tokens: float | None = None,
+             workers: int = 1) -> list[list[int]]:
+    """How the batcher cuts one pool: by cost once a forward's overhead is known, no forward taking
+    more than its share of the pool per worker (the workers run side by side); until then by the
+    padding limit."""
+    if overhead_tokens is None:
+        return plan_forwards(lengths, max_tokens, max_items, max_padding)
+    share = -(-len(lengths) // max(workers, 1))
+    return plan_by_cost(lengths, max_tokens, min(share, max_items), overhead_tokens)
 
 
 class ForwardCost:
@@ -102,8 +149,9 @@ class ForwardCost:
 
     Sums of weight w = decay^age / seconds^2 over (x = padded tokens, y = seconds) give the
     weighted least-squares line: b = cov_w(x, y) / var_w(x), a = mean_w(y) - b mean_w(x). Known
-    once `min_forwards` were seen and x varied (coefficient of variation >= `min_spread`); then
-    the last such estimate holds while the data stops telling a and b apart.
+    once `min_forwards` were seen and x varied (coefficient of variation >= `min_spread`) and the
+    line has a fixed part (a > 0); the last such estimate holds while the data stops telling a and
+    b apart.
 
     >>> cost = ForwardCost()
     >>> for padded in [100, 400, 1600] * 12:  # a = 2 ms, b = 10 us: 200 tokens
@@ -136,5 +184,7 @@ class ForwardCost:
             return
         b = (sxy / sw - mean_x * sy / sw) / var_x
         a = sy / sw - b * mean_x
+        if a <= 0:  # no fixed part: costs growing faster than the tokens (attention) read as a line
+            return
         # tokens that cost nothing measurable (a millionth of a forward): no cut is worth making
-        self.overhead_tokens = math.inf if b * mean_x <= 1e-6 * a else max(a, 0.0) / b
+        self.overhead_tokens = math.inf if b * mean_x <= 1e-6 * a else a / b
