@@ -8,8 +8,8 @@ a fixed part `a` per forward (a Python call per module and op, a kernel launch p
 the pipe to a forward process) and a part `b` per padded token. In padded tokens, a forward costs
 `a / b` before it does any work: measured here for the tiny model on one thread, a = 1.5 ms and
 b = 8 us, ~190 tokens; the 5M model ~17; under /score's load on the 2-core machine the batcher
-learned 140-260 for the tiny model's forward processes and 31-81 for the 5M model's. On a GPU that launches
-more than it computes (the H200's 135M model: 31 ms for 1 row, 36 ms for 64 rows of 300 tokens),
+learned 140-260 for the tiny model's forward processes and 31-81 for the 5M model's. On a GPU that
+launches more than it computes (the H200's 135M model: 31 ms for 1 row, 36 ms for 64 rows of 300 tokens),
 a / b is tens of thousands of tokens and one forward should take everything.
 
 `plan_by_cost` cuts the length-sorted rows into consecutive groups minimising the pool's total,
@@ -18,9 +18,9 @@ rows and at most k in a forward). It needs a / b, which `ForwardCost` learns per
 forwards the batcher times: a weighted least-squares line through (padded tokens, seconds) with
 relative weights 1 / seconds^2 (forwards span 1-100 ms; unweighted, the large ones' noise and their
 attention's extra cost would swamp the fixed part) and exponential forgetting, so it follows the
-machine's load (the batcher keeps one per model: a swapped-in model starts afresh). Until it has seen enough forwards of different
-sizes, `plan_forwards` cuts by a padding limit instead (BRADLEY_MAX_PADDING; setting it turns the
-learning off).
+machine's load (the batcher keeps one per model: a swapped-in model starts afresh). Until it
+has seen enough forwards of different sizes, `plan_forwards` cuts by a padding limit instead
+(BRADLEY_MAX_PADDING; setting it turns the learning off).
 
     >>> plan_by_cost([10, 10, 11, 20], max_tokens=100, max_items=8, overhead_tokens=5)
     [[0, 1, 2], [3]]
@@ -86,23 +86,13 @@ def plan_by_cost(lengths: Sequence[int], max_tokens: int, max_items: int,
     whole = len(order) * lengths[order[-1]]
     if len(order) <= max_items and whole <= max_tokens and whole <= overhead_tokens:
         return [order]  # one forward: any second would cost more than all the padding
-    units = _units(order, lengths, -(-len(order) // EXACT_ROWS), max_tokens, max_items)
+    # units of consecutive sorted rows, each within the limits on its own: one row each up to
+    # EXACT_ROWS rows, else the padding-free cut of plan_forwards at ceil(rows / EXACT_ROWS) a unit
+    units = plan_forwards(lengths, max_tokens, min(-(-len(order) // EXACT_ROWS), max_items))
     starts = _cheapest_starts([len(u) for u in units], [lengths[u[-1]] for u in units],
                               max_tokens, max_items, overhead_tokens)
     return [[i for unit in units[a:b] for i in unit]
             for a, b in zip(starts, [*starts[1:], len(units)], strict=True)]
-
-
-def _units(order: list[int], lengths: Sequence[int], size: int, max_tokens: int,
-           max_items: int) -> list[list[int]]:
-    """Consecutive sorted rows in groups of at most `size`, each within the limits on its own."""
-    units: list[list[int]] = []
-    for i in order:
-        if not units or len(units[-1]) >= min(size, max_items) \
-                or (len(units[-1]) + 1) * lengths[i] > max_tokens:
-            units.append([])
-        units[-1].append(i)
-    return units
 
 
 def _cheapest_starts(counts: list[int], longest: list[int], max_tokens: int, max_items: int,

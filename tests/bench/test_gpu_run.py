@@ -56,8 +56,10 @@ def test_run_sh_smoke(tmp_path):
     assert score["model"] == Path(lines["rm_train"]["path"]).name and score["errors"] == 0
     assert score["ratio_vs_offline"] > 0 and score["ratio_vs_per_request"] > 0
     assert 0 < score["cpu_bound_ratio"] < 1   # a CPU run: its server and clients take CPU too
-    bounds = score["models"][score["model"]]["batch_bound_in_process_by_padding"]
-    assert set(bounds) - {"0.1", "1.0", "inf"} <= {f"cost {score['models'][score['model']]['single']['forward_overhead_tokens']}"}
+    served = score["models"][score["model"]]
+    bounds = served["batch_bound_in_process_by_padding"]
+    learned = served["single"]["forward_overhead_tokens"]
+    assert set(bounds) - {"0.1", "1.0", "inf"} <= {f"cost {learned}"}
     assert {"1.0", "inf"} <= set(bounds) and min(bounds.values()) > 0
     small = lines["score_load_small"]   # issue 20's two built models, before the training
     assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
