@@ -76,16 +76,94 @@ def render(tokenizer, prompt, response: str, eos: bool = True,
             head = str(prompt)
             return head, head + response + _markers(tokenizer).turn_end
         messages = as_messages(prompt)
-        full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": response}],
-                                             tokenize=False)
+        full = chat_text(tokenizer, messages + [{"role": "assistant", "content": response}])
         if head is None or not full.startswith(head):  # none cached, or a stale one
-            head = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            head = chat_text(tokenizer, messages, add_generation_prompt=True)
         if not full.startswith(head):
             raise ValueError("the chat template renders the prompt differently with and without the "
                              "response; use a tokenizer whose template appends the assistant turn")
         return head, full
     head = as_text(prompt) + "\n\n" if head is None else head
     return head, head + response + ((tokenizer.eos_token or "") if eos else "")
+
+
+def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    """`tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=...)`, the
+    same text. Messages of exactly a text role and a text content (every item /score renders) go
+    straight to the template transformers compiled, with the variables apply_chat_template gives
+    it: the messages, no tools or documents, the generation flag and the tokenizer's special tokens
+    (transformers 5.25, tokenization_utils_base.py `apply_chat_template` and
+    utils/chat_template_utils.py `render_jinja_template`). That skips the method's checks and
+    copies of inputs that are already plain: ~11 µs an item where the method takes ~27 (the
+    tokenizer thread's largest Python cost per /score item, issue 20). Whether a tokenizer's
+    template renders the same both ways is checked on probe conversations first (`_direct`);
+    where it does not, or for any other message, the method renders.
+
+    >>> from rm.tokenizer import build_bpe_tokenizer
+    >>> tok = build_bpe_tokenizer(["hello there"] * 10, vocab_size=300)
+    >>> chat_text(tok, [{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    '<|user|>\\nhi</s><|assistant|>\\n'
+    """
+    direct = _direct(tokenizer)
+    if direct is not None and all(type(m) is dict and m.keys() == _TEXT_MESSAGE
+                                  and type(m["role"]) is str and type(m["content"]) is str
+                                  for m in messages):
+        return direct(messages, add_generation_prompt)
+    return tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
+
+
+_TEXT_MESSAGE = {"role", "content"}
+# what the probes render both ways: a turn to answer, an answered one, a system prompt
+_PROBES = ([{"role": "user", "content": SENTINEL_PROMPT + " {{ x }} </s>"}],
+           [{"role": "user", "content": SENTINEL_PROMPT},
+            {"role": "assistant", "content": " " + SENTINEL_RESPONSE + "\n"}],
+           [{"role": "system", "content": "be brief"}, {"role": "user", "content": SENTINEL_PROMPT},
+            {"role": "assistant", "content": SENTINEL_RESPONSE}])
+_DIRECT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _direct(tokenizer):
+    """The tokenizer's template as a function (messages, add_generation_prompt) -> text, or None
+    when it does not render the probes exactly as apply_chat_template does. Kept per tokenizer
+    until its template or special tokens change."""
+    try:
+        template, specials = tokenizer.get_chat_template(), tokenizer.special_tokens_map
+    except (AttributeError, ValueError):  # an older tokenizer class, or no template at all
+        return None
+    known = _DIRECT.get(tokenizer)
+    if known is None or known[0] != template or known[1] != specials:
+        known = (template, specials, _checked(tokenizer, template, specials))
+        _DIRECT[tokenizer] = known
+    return known[2]
+
+
+def _checked(tokenizer, template: str, specials: dict):
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+
+        compiled = _compile_jinja_template(template)
+    except Exception:  # noqa: BLE001 - another transformers: the method renders, as before
+        return None
+
+    def direct(messages: list[dict], add_generation_prompt: bool) -> str:
+        return compiled.render(messages=messages, tools=None, documents=None,
+                               add_generation_prompt=add_generation_prompt, **specials)
+
+    agreed = 0
+    for messages, generation in ((m, g) for m in _PROBES for g in (False, True)):
+        try:
+            expected = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False,
+                                                     add_generation_prompt=generation)
+        except Exception:  # noqa: BLE001 - a template that refuses this probe (a system turn)
+            continue
+        try:
+            if direct([dict(m) for m in messages], generation) != expected:
+                return None
+        except Exception:  # noqa: BLE001 - renders with the method but not directly
+            return None
+        agreed += 1
+    return direct if agreed else None
 
 
 class _Markers(NamedTuple):

@@ -92,12 +92,13 @@ def test_templates_that_read_the_clock_and_unusual_conversations_are_not_cached(
 def test_a_group_of_responses_in_one_call_renders_and_tokenizes_its_prompt_once(monkeypatch):
     """A GRPO group sent in one request: 4 responses to one prompt render the prompt part once
     (4 full renders + 1, where each item alone takes 2) and tokenize it once."""
+    from rm import template
     from rm.prompt_cache import PromptCache
 
     tok = _tiny_tokenizer(TEXTS, 300, "llama", False, True)
     renders, encoded = [], []
-    real_render = tok.apply_chat_template
-    monkeypatch.setattr(tok, "apply_chat_template", lambda *a, **k: renders.append(1) or real_render(*a, **k))
+    real_render = template.chat_text
+    monkeypatch.setattr(template, "chat_text", lambda *a, **k: renders.append(1) or real_render(*a, **k))
     backend = tok.backend_tokenizer
     monkeypatch.setattr(type(tok), "backend_tokenizer", property(lambda self: _Counting(backend, encoded)),
                         raising=False)
