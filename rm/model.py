@@ -31,6 +31,7 @@ import torch
 
 from rm import device as devices
 from rm.prompt_cache import PromptCache
+from rm.tiny_configs import tiny_config
 from rm.tokenizer import build_bpe_tokenizer, encode_many
 
 TRAIN_CONFIG = "train_config.json"
@@ -96,6 +97,17 @@ class RewardNet(torch.nn.Module):
         head = self.hf.score
         return head(hidden[rows, last].to(head.weight.dtype)).squeeze(-1).float()
 
+    def causal_rewards(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """Rewards of right-padded rows of a causal decoder, with no attention mask: a token attends
+        only to earlier positions, so the padding after a row's last token never reaches it, and
+        attention takes its causal kernel instead of building and applying a [rows, 1, T, T] mask
+        (`RewardModel` checks on probe rows that the model is causal before using this)."""
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+        hidden = self.hf.base_model(input_ids=input_ids, position_ids=positions, use_cache=False)[0]
+        rows = torch.arange(hidden.shape[0], device=hidden.device)
+        head = self.hf.score
+        return head(hidden[rows, lengths - 1].to(head.weight.dtype)).squeeze(-1).float()
+
     def _encoder_rewards(self, input_ids, attention_mask):
         kwargs = {}
         if self.sep_token_id is not None:  # segment B starts after the first [SEP]
@@ -119,6 +131,7 @@ class RewardModel:
         self.max_length = fit_max_length(max_length, hf_model)
         # encoders read [CLS] at position 0 and use absolute positions: they must pad on the right
         self.padding_side = tokenizer.padding_side if self.net.is_decoder else "right"
+        self._causal: bool | None = None  # whether scoring may skip the mask: _pads_unseen()
 
     @classmethod
     def load(cls, path, device="auto") -> RewardModel:
@@ -143,10 +156,28 @@ class RewardModel:
             return []
         if any(len(seq) == 0 for seq in ids):
             raise ValueError("cannot score an empty token sequence; encode a prompt and response first")
-        batch = pad_batch(ids, self.tokenizer.pad_token_id, self.padding_side)
+        if self._causal is None:
+            self._causal = self.net.is_decoder and self._pads_unseen()
         with torch.inference_mode(), devices.autocast(self.device):
-            rewards = self.net(batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device))
-        return rewards.float().cpu().tolist()
+            return self._rewards(ids, self._causal).float().cpu().tolist()
+
+    def _rewards(self, ids: list[list[int]], causal: bool) -> torch.Tensor:
+        """One forward: right-padded without a mask (`RewardNet.causal_rewards`) or as trained."""
+        batch = pad_batch(ids, self.tokenizer.pad_token_id, "right" if causal else self.padding_side)
+        input_ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
+        return self.net.causal_rewards(input_ids, mask.sum(-1)) if causal else self.net(input_ids, mask)
+
+    def _pads_unseen(self) -> bool:
+        """Whether two probe rows, right-padded together without a mask, score as each does alone
+        (unpadded, as trained): true of a causal decoder, whose tokens see only what comes before
+        them. One small forward, at the first scoring; a model that fails it keeps its mask."""
+        pad = self.tokenizer.pad_token_id
+        tokens = [t for t in range(1, min(self.net.hf.config.vocab_size, 64)) if t != pad]
+        rows = [tokens[:5], tokens[:12][::-1]]
+        with torch.inference_mode(), devices.autocast(self.device):
+            together = self._rewards(rows, causal=True).float()
+            alone = torch.cat([self._rewards([row], causal=False) for row in rows]).float()
+        return bool(torch.allclose(together, alone, rtol=1e-2, atol=1e-3))
 
     def score(self, prompts: list, responses: list[str], batch_size: int = 32) -> list[float]:
         """Scores in input order; batches are formed from length-sorted sequences to cut padding."""
@@ -288,50 +319,6 @@ def read_json(path: Path) -> dict:
 
 
 # --- tiny models from a config (tests, demos, CI, benchmarks) ---------------------------------
-
-
-def _llama(vocab, hidden, layers, specials):
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                       num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
-                       max_position_embeddings=2048, tie_word_embeddings=False, **specials)
-
-
-def _qwen2(vocab, hidden, layers, specials):
-    from transformers import Qwen2Config
-
-    return Qwen2Config(vocab_size=vocab, hidden_size=hidden, intermediate_size=4 * hidden,
-                       num_hidden_layers=layers, num_attention_heads=max(1, hidden // 32),
-                       num_key_value_heads=max(1, hidden // 32), max_position_embeddings=2048,
-                       tie_word_embeddings=False, **specials)
-
-
-def _gpt2(vocab, hidden, layers, specials):
-    from transformers import GPT2Config
-
-    return GPT2Config(vocab_size=vocab, n_embd=hidden, n_layer=layers, n_head=max(1, hidden // 32),
-                      n_positions=2048, **specials)
-
-
-def _bert(vocab, hidden, layers, specials):
-    from transformers import BertConfig
-
-    return BertConfig(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
-                      num_attention_heads=max(1, hidden // 32), intermediate_size=4 * hidden,
-                      max_position_embeddings=2048, pad_token_id=specials["pad_token_id"])
-
-
-ARCHITECTURES = {"llama": _llama, "qwen2": _qwen2, "gpt2": _gpt2, "bert": _bert}
-
-
-def tiny_config(tokenizer, arch: str = "llama", hidden: int = 64, layers: int = 2):
-    """A small config of `arch` sized to the tokenizer (hidden 64, 2 layers: ~0.16M parameters)."""
-    if arch not in ARCHITECTURES:
-        raise ValueError(f"unknown tiny architecture {arch!r}; choose one of {sorted(ARCHITECTURES)}")
-    specials = {"pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
-                "eos_token_id": tokenizer.eos_token_id}
-    return ARCHITECTURES[arch](len(tokenizer), hidden, layers, specials)
 
 
 def _tiny_tokenizer(texts, vocab_size, arch, pad_equals_eos, chat_template=True):

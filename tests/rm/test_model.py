@@ -34,15 +34,17 @@ def models(tmp_path_factory):
     cases = {"llama-right": dict(), "llama-left": dict(padding_side="left"),
              "llama-pad-eos": dict(pad_equals_eos=True),
              "llama-left-pad-eos": dict(padding_side="left", pad_equals_eos=True),
-             "gpt2-left": dict(arch="gpt2", padding_side="left"),
+             "gpt2-left": dict(arch="gpt2", padding_side="left"), "qwen2": dict(arch="qwen2"),
              "bert": dict(arch="bert")}
     root = tmp_path_factory.mktemp("models")
     return {name: RewardModel.load(build_tiny_reward_model(root / name, TEXTS, **kw), device="cpu")
             for name, kw in cases.items()}
 
 
-@pytest.mark.parametrize("case", ["llama-right", "llama-left", "llama-pad-eos",
-                                  "llama-left-pad-eos", "gpt2-left", "bert"])
+DECODERS = ["llama-right", "llama-left", "llama-pad-eos", "llama-left-pad-eos", "gpt2-left", "qwen2"]
+
+
+@pytest.mark.parametrize("case", [*DECODERS, "bert"])
 def test_score_alone_equals_score_in_batch_of_32_mixed_lengths(models, case):
     rm = models[case]
     ids = rm.encode(*_mixed_batch())
@@ -51,6 +53,40 @@ def test_score_alone_equals_score_in_batch_of_32_mixed_lengths(models, case):
     alone = [rm.score_encoded([x])[0] for x in ids]
     assert max(abs(a - b) for a, b in zip(together, alone, strict=True)) < 1e-5
     assert max(together) - min(together) > 1e-4  # not a constant function
+
+
+@pytest.mark.parametrize("case", DECODERS)
+def test_decoders_score_without_a_mask_what_the_masked_forward_scores(models, case):
+    """Right-padded rows of a causal decoder need no attention mask (the padding comes after every
+    token a score reads); the probe at the first scoring finds each of these models causal."""
+    rm = models[case]
+    ids = rm.encode(*_mixed_batch())
+    unmasked = rm.score_encoded(ids)
+    assert rm._causal is True
+    rm._causal = False  # the forward as trained: the tokenizer's padding side, with the mask
+    try:
+        masked = rm.score_encoded(ids)
+    finally:
+        rm._causal = True
+    assert unmasked == pytest.approx(masked, abs=1e-6)
+
+
+def test_encoders_keep_their_mask(models):
+    rm = models["bert"]
+    rm.score_encoded(rm.encode(*_mixed_batch(4)))
+    assert rm._causal is False
+
+
+def test_a_model_whose_padding_shows_through_keeps_its_mask(tmp_path, monkeypatch):
+    rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
+    causal = rm.net.causal_rewards
+    # stands in for a decoder that attends both ways: without the mask a score moves with padding
+    monkeypatch.setattr(rm.net, "causal_rewards",
+                        lambda ids, lengths: causal(ids, lengths) + 0.01 * (ids.shape[1] - lengths))
+    ids = rm.encode(*_mixed_batch(8))
+    together = rm.score_encoded(ids)
+    assert rm._causal is False
+    assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
 
 
 def test_padding_side_does_not_change_scores(models):
