@@ -94,10 +94,10 @@ def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = Fal
     it: the messages, no tools or documents, the generation flag and the tokenizer's special tokens
     (transformers 5.25, tokenization_utils_base.py `apply_chat_template` and
     utils/chat_template_utils.py `render_jinja_template`). That skips the method's checks and
-    copies of inputs that are already plain: ~11 µs an item where the method takes ~27 (the
-    tokenizer thread's largest Python cost per /score item, issue 20). Whether a tokenizer's
-    template renders the same both ways is checked on probe conversations first (`_direct`);
-    where it does not, or for any other message, the method renders.
+    copies of inputs that are already plain, the tokenizer thread's largest Python cost per /score
+    item (issue 20). Whether a tokenizer's template renders the same both ways is checked on probe
+    conversations first (`_direct`); where it does not, for an empty conversation (which the
+    method refuses) and for any other message, the method renders.
 
     >>> from rm.tokenizer import build_bpe_tokenizer
     >>> tok = build_bpe_tokenizer(["hello there"] * 10, vocab_size=300)
@@ -105,16 +105,20 @@ def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = Fal
     '<|user|>\\nhi</s><|assistant|>\\n'
     """
     direct = _direct(tokenizer)
-    if direct is not None and all(type(m) is dict and m.keys() == _TEXT_MESSAGE
-                                  and type(m["role"]) is str and type(m["content"]) is str
-                                  for m in messages):
+    text_only = messages and all(type(m) is dict and m.keys() == _TEXT_MESSAGE
+                                 and type(m["role"]) is str and type(m["content"]) is str
+                                 for m in messages)
+    if direct is not None and text_only:
         return direct(messages, add_generation_prompt)
     return tokenizer.apply_chat_template(messages, tokenize=False,
                                          add_generation_prompt=add_generation_prompt)
 
 
 _TEXT_MESSAGE = {"role", "content"}
-# what the probes render both ways: a turn to answer, an answered one, a system prompt
+# Rendered both ways before a template is taken directly: a turn to answer, an answered one and a
+# system turn, with and without the generation prompt (a variable the method set differently would
+# show in one of them); contents with template syntax, an end-of-turn text, a leading space and a
+# newline, which a method that escapes, marks or strips contents before rendering would change.
 _PROBES = ([{"role": "user", "content": SENTINEL_PROMPT + " {{ x }} </s>"}],
            [{"role": "user", "content": SENTINEL_PROMPT},
             {"role": "assistant", "content": " " + SENTINEL_RESPONSE + "\n"}],
@@ -129,9 +133,12 @@ def _direct(tokenizer):
     until its template or special tokens change."""
     try:
         template, specials = tokenizer.get_chat_template(), tokenizer.special_tokens_map
-    except (AttributeError, ValueError):  # an older tokenizer class, or no template at all
+    except (AttributeError, ValueError, NotImplementedError):  # no template, or no such method
         return None
-    known = _DIRECT.get(tokenizer)
+    try:
+        known = _DIRECT.get(tokenizer)
+    except TypeError:  # a tokenizer that cannot be weakly referenced: the method renders
+        return None
     if known is None or known[0] != template or known[1] != specials:
         known = (template, specials, _checked(tokenizer, template, specials))
         _DIRECT[tokenizer] = known

@@ -14,7 +14,7 @@ TEXTS = ["Human: how do I sort a list in python?", "Assistant: use sorted(xs)"] 
 # written for these tests, in the shapes real templates take: turn markers around each message
 # (ChatML's format), a bos token and a default system turn, trimmed contents and refused roles
 CHATML = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\\n"
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
           "{% endif %}")
 SYSTEM_DEFAULT = ("{{ bos_token }}{% if messages[0]['role'] != 'system' %}[SYS]helpful[/SYS]"
                   "{% endif %}{% for m in messages %}{% if m['role'] == 'system' %}[SYS]"
@@ -48,6 +48,23 @@ text = st.text(st.characters(codec="utf-8"), max_size=40) | st.sampled_from(
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_the_template_is_taken_directly_where_the_probes_agree(name):
     assert _direct(TOKENIZERS[name]) is not None
+
+
+def test_text_messages_are_rendered_without_the_method_once_it_has_agreed():
+    from rm.template import render
+
+    tok = tokenizer("chatml")
+    expected = render(tok, "hi", "hello")
+    tok.apply_chat_template = None  # the probes are done: nothing below may call the method
+    assert render(tok, "hi", "hello") == expected
+    assert expected[1] == "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nhello<|im_end|>\n"
+
+
+def test_an_empty_conversation_is_refused_as_the_method_refuses_it():
+    tok = TOKENIZERS["chatml"]
+    for render_with in (method, chat_text):
+        with pytest.raises(ValueError, match="empty conversation"):
+            render_with(tok, [])
 
 
 @pytest.mark.parametrize("name", TEMPLATES)

@@ -89,6 +89,40 @@ def test_a_model_whose_padding_shows_through_keeps_its_mask(tmp_path, monkeypatc
     assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
 
 
+def test_a_model_that_fails_without_the_mask_is_scored_with_it(models, monkeypatch):
+    rm = models["llama-right"]
+    ids = rm.encode(*_mixed_batch(4))
+    expected = rm.score_encoded(ids)
+    monkeypatch.setattr(rm, "_causal", None)
+    monkeypatch.setattr(rm.net, "causal_rewards", lambda *_: 1 / 0)
+    assert rm.score_encoded(ids) == pytest.approx(expected, abs=1e-6)
+    assert rm._causal is False
+
+
+@pytest.mark.parametrize("flag_kept", [True, False])
+def test_a_decoder_that_attends_both_ways_keeps_its_mask(flag_kept):
+    """Gemma 3 with bidirectional attention has a score head like a causal decoder: its config
+    keeps the mask; with the flag cleared after the model was built (its layers still attend both
+    ways), the probe rows do."""
+    from transformers import AutoModelForSequenceClassification, Gemma3TextConfig
+
+    from rm.model import _tiny_tokenizer
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
+    torch.manual_seed(0)
+    config = Gemma3TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                              head_dim=32, use_bidirectional_attention=True,
+                              pad_token_id=tok.pad_token_id, num_labels=1)
+    rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+    rm.net.hf.config.use_bidirectional_attention = flag_kept
+    ids = rm.encode(*_mixed_batch(8))
+    together = rm.score_encoded(ids)
+    assert rm.net.is_decoder and rm._causal is False
+    if flag_kept:  # cleared, the config no longer describes the layers: the decision is the test
+        assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
+
+
 def test_padding_side_does_not_change_scores(models):
     ids = models["llama-right"].encode(*_mixed_batch(8))
     right = models["llama-right"].score_encoded(ids)
