@@ -206,8 +206,10 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
            "BRADLEY_DEVICE": args.device, "BRADLEY_TORCH_THREADS": str(args.torch_threads),
            "OMP_NUM_THREADS": str(args.torch_threads)}
     model = RewardModel.load(folder, device=args.device)
+    model.score(*zip(*items[:2], strict=True))  # the first scoring decides whether the mask goes
     out = {"parameters": count_parameters(model.net),
-           "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1)}
+           "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1),
+           "scores_without_mask": model.scores_without_mask}
     seconds, device = args.offline_seconds, args.device
     kind = "cuda" if device.startswith("cuda") else "cpu"
     # the forward's two ways on this machine: this process with every thread, and as many forward
@@ -313,6 +315,7 @@ def summary(results: dict, args) -> dict:
         "ratio_vs_per_request": main_case["ratio_vs_per_request"],
         "per_request_bound": main_case["per_request_bound"],
         "cpu_bound_ratio": main_case.get("cpu_bound_ratio", {}).get("single"),
+        "scores_without_mask": main_case["scores_without_mask"],
         **cheap_model_figures(results.get("tiny")),
         "served_requests": sum(p["requests"] for p in served_phases),
         "served_errors": sum(p["errors"] for p in served_phases),

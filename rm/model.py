@@ -150,6 +150,11 @@ class RewardModel:
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; pass one each")
         return encode_many(self.tokenizer, prompts, responses, self.max_length, self.prompts)
 
+    @property
+    def scores_without_mask(self) -> bool | None:
+        """Whether forwards leave the attention mask out (`_pads_unseen`); None before the first."""
+        return self._causal
+
     def score_encoded(self, ids: list[list[int]]) -> list[float]:
         """One forward over the padded batch; each score is independent of the rest of the batch."""
         if not ids:

@@ -56,6 +56,7 @@ def test_run_sh_smoke(tmp_path):
     assert score["model"] == Path(lines["rm_train"]["path"]).name and score["errors"] == 0
     assert score["ratio_vs_offline"] > 0 and score["ratio_vs_per_request"] > 0
     assert 0 < score["cpu_bound_ratio"] < 1   # a CPU run: its server and clients take CPU too
+    assert score["scores_without_mask"] is True   # a Llama: causal, scored without a mask
     served = score["models"][score["model"]]
     bounds = served["batch_bound_in_process_by_padding"]
     learned = served["single"]["forward_overhead_tokens"]
@@ -65,3 +66,4 @@ def test_run_sh_smoke(tmp_path):
     assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
     assert small["tiny_ratio_vs_offline"] > 0 and small["overhead_ratio_vs_hello"] > 0
     assert 0 < small["tiny_cpu_bound_ratio"] < 1
+    assert all(model["scores_without_mask"] is True for model in small["models"].values())
