@@ -169,8 +169,11 @@ class RewardModel:
     def _rewards(self, ids: list[list[int]], causal: bool) -> torch.Tensor:
         """One forward: right-padded without a mask (`RewardNet.causal_rewards`) or as trained."""
         batch = pad_batch(ids, self.tokenizer.pad_token_id, "right" if causal else self.padding_side)
-        input_ids, mask = batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
-        return self.net.causal_rewards(input_ids, mask.sum(-1)) if causal else self.net(input_ids, mask)
+        input_ids = batch["input_ids"].to(self.device)
+        if causal:  # the rows' lengths are known: no mask to copy to the device and sum there
+            lengths = torch.tensor([len(row) for row in ids], device=self.device)
+            return self.net.causal_rewards(input_ids, lengths)
+        return self.net(input_ids, batch["attention_mask"].to(self.device))
 
     def _pads_unseen(self) -> bool:
         """Whether scoring may leave the mask out: not for a model whose config says it attends both
