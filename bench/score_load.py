@@ -50,6 +50,9 @@ On a CPU the forwards share the cores with the server and the clients: `cpu_boun
 phase; `tiny_cpu_bound_ratio`) is the most `ratio_vs_offline` their measured CPU per item leaves room
 for, were the served forwards as cheap per item as the ceiling's (`cpu_bound_ratio()`).
 
+`layout` (per model and in the summary) is how its forwards lay out their rows: "packed" on a CPU
+(one unpadded row, attention per row: rm/packed.py), "unmasked" right padding on a GPU.
+
 On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
 `per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it
 could gain here. On a GPU a single-row forward leaves the device mostly idle.
@@ -209,7 +212,7 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     model.score(*zip(*items[:2], strict=True))  # the first scoring decides whether the mask goes
     out = {"parameters": count_parameters(model.net),
            "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1),
-           "scores_without_mask": model.scores_without_mask}
+           "scores_without_mask": model.scores_without_mask, "layout": model.layout}
     seconds, device = args.offline_seconds, args.device
     kind = "cuda" if device.startswith("cuda") else "cpu"
     # the forward's two ways on this machine: this process with every thread, and as many forward
@@ -316,6 +319,7 @@ def summary(results: dict, args) -> dict:
         "per_request_bound": main_case["per_request_bound"],
         "cpu_bound_ratio": main_case.get("cpu_bound_ratio", {}).get("single"),
         "scores_without_mask": main_case["scores_without_mask"],
+        "layout": main_case["layout"],
         **cheap_model_figures(results.get("tiny")),
         "served_requests": sum(p["requests"] for p in served_phases),
         "served_errors": sum(p["errors"] for p in served_phases),

@@ -20,7 +20,6 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import sys
@@ -30,6 +29,7 @@ import numpy as np
 import torch
 
 from rm import device as devices
+from rm import packed
 from rm.prompt_cache import PromptCache
 from rm.tiny_configs import tiny_config
 from rm.tokenizer import build_bpe_tokenizer, encode_many
@@ -91,7 +91,8 @@ class RewardNet(torch.nn.Module):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=positions, use_cache=False)
-        return self._head_at(out[0], last_token_index(attention_mask))
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        return self._head(out[0][rows, last_token_index(attention_mask)])
 
     def causal_rewards(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Rewards of right-padded rows of a causal decoder, with no attention mask: a token attends
@@ -100,13 +101,24 @@ class RewardNet(torch.nn.Module):
         (`RewardModel` checks on probe rows that the model is causal before using this)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         hidden = self.hf.base_model(input_ids=input_ids, position_ids=positions, use_cache=False)[0]
-        return self._head_at(hidden, lengths - 1)
-
-    def _head_at(self, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
-        """The decoder's score head on each row's hidden state at position `last[row]`."""
         rows = torch.arange(hidden.shape[0], device=hidden.device)
+        return self._head(hidden[rows, lengths - 1])
+
+    def packed_rewards(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       spans: list[tuple[int, int]]) -> torch.Tensor:
+        """Rewards of rows packed into one unpadded row (`rm.packed.layout`): attention within each
+        span, read at each span's last token (`RewardModel` installs the packed attention and
+        checks it on probe rows first)."""
+        with packed.rows(spans):
+            hidden = self.hf.base_model(input_ids=input_ids, position_ids=positions,
+                                        use_cache=False)[0]
+        last = torch.tensor([end - 1 for _, end in spans], device=hidden.device)
+        return self._head(hidden[0, last])
+
+    def _head(self, states: torch.Tensor) -> torch.Tensor:
+        """The decoder's score head on one final hidden state per row."""
         head = self.hf.score
-        return head(hidden[rows, last].to(head.weight.dtype)).squeeze(-1).float()
+        return head(states.to(head.weight.dtype)).squeeze(-1).float()
 
     def _encoder_rewards(self, input_ids, attention_mask):
         kwargs = {}
@@ -131,7 +143,7 @@ class RewardModel:
         self.max_length = fit_max_length(max_length, hf_model)
         # encoders read [CLS] at position 0 and use absolute positions: they must pad on the right
         self.padding_side = tokenizer.padding_side if self.net.is_decoder else "right"
-        self._causal: bool | None = None  # whether scoring may skip the mask: _pads_unseen()
+        self._layout: str | None = None  # how scoring lays out rows: _choose_layout()
 
     @classmethod
     def load(cls, path, device="auto") -> RewardModel:
@@ -151,23 +163,40 @@ class RewardModel:
         return encode_many(self.tokenizer, prompts, responses, self.max_length, self.prompts)
 
     @property
+    def layout(self) -> str:
+        """How forwards lay out their rows, decided at the first scoring (`_choose_layout`):
+        "packed" (one unpadded row, attention per row; decoders on a CPU), "unmasked" (right-padded,
+        no mask; other causal decoders) or "masked" (padded with the mask, as trained)."""
+        if self._layout is None:
+            self._layout = self._choose_layout()
+        return self._layout
+
+    @property
     def scores_without_mask(self) -> bool | None:
-        """Whether forwards leave the attention mask out (`_pads_unseen`); None before the first."""
-        return self._causal
+        """Whether forwards leave the attention mask out; None before the first scoring."""
+        return None if self._layout is None else self._layout != "masked"
+
+    @property
+    def packs_rows(self) -> bool:
+        """Whether a forward costs its real tokens only (packed), not rows x longest row."""
+        return self.layout == "packed"
 
     def score_encoded(self, ids: list[list[int]]) -> list[float]:
-        """One forward over the padded batch; each score is independent of the rest of the batch."""
+        """One forward over the batch; each score is independent of the rest of the batch."""
         if not ids:
             return []
         if any(len(seq) == 0 for seq in ids):
             raise ValueError("cannot score an empty token sequence; encode a prompt and response first")
-        if self._causal is None:
-            self._causal = self.net.is_decoder and self._pads_unseen()
+        layout = self.layout
         with torch.inference_mode(), devices.autocast(self.device):
-            return self._rewards(ids, self._causal).float().cpu().tolist()
+            return self._rewards(ids, layout).float().cpu().tolist()
 
-    def _rewards(self, ids: list[list[int]], causal: bool) -> torch.Tensor:
-        """One forward: right-padded without a mask (`RewardNet.causal_rewards`) or as trained."""
+    def _rewards(self, ids: list[list[int]], layout: str) -> torch.Tensor:
+        """One forward in `layout` (see `layout`)."""
+        if layout == "packed":
+            input_ids, positions, spans = packed.layout(ids)
+            return self.net.packed_rewards(input_ids.to(self.device), positions.to(self.device), spans)
+        causal = layout == "unmasked"
         batch = pad_batch(ids, self.tokenizer.pad_token_id, "right" if causal else self.padding_side)
         input_ids = batch["input_ids"].to(self.device)
         if causal:  # the rows' lengths are known: no mask to copy to the device and sum there
@@ -175,23 +204,33 @@ class RewardModel:
             return self.net.causal_rewards(input_ids, lengths)
         return self.net(input_ids, batch["attention_mask"].to(self.device))
 
-    def _pads_unseen(self) -> bool:
-        """Whether scoring may leave the mask out: not for a model whose config says it attends both
-        ways; else whether two probe rows, right-padded together without a mask, score as each does
-        alone (unpadded, as trained), as a causal decoder's do. One small forward at the first
-        scoring; any failure keeps the mask. Tolerance: 1e-3 + 1% of a score + 5% of how far the
-        two rows' scores lie apart. Attending to the 7 pads after the shorter row moves its score by
-        about as much as another input does; bf16 rounding on a GPU moves it far less."""
-        if getattr(self.net.hf.config, "use_bidirectional_attention", False):
-            return False
+    def _choose_layout(self) -> str:
+        """The first layout whose probe passes: packed on a CPU (padding costs what tokens cost
+        there; a GPU's per-row attention calls would cost launches), then unmasked, then masked.
+        Encoders and configs that attend both ways keep the mask."""
+        config = self.net.hf.config
+        if not self.net.is_decoder or getattr(config, "use_bidirectional_attention", False):
+            return "masked"
+        if self.device.type == "cpu" and packed.install(self.net.hf):
+            if self._probe("packed"):
+                return "packed"
+            packed.uninstall(self.net.hf)
+        return "unmasked" if self._probe("unmasked") else "masked"
+
+    def _probe(self, layout: str) -> bool:
+        """Whether two probe rows scored together in `layout` score as each does alone (unpadded,
+        masked, as trained), as a causal decoder's do. One small forward; any failure says no.
+        Tolerance: 1e-3 + 1% of a score + 5% of how far the two rows' scores lie apart. Attending
+        to the 7 pads after the shorter row, or across rows, or from the wrong positions, moves a
+        score by about as much as another input does; bf16 rounding on a GPU moves it far less."""
         try:
             pad, vocab = self.tokenizer.pad_token_id, self.net.hf.get_input_embeddings().num_embeddings
             tokens = [t for t in range(1, min(vocab, 64)) if t != pad]
             rows = [tokens[:5], tokens[:12][::-1]]
             with torch.inference_mode(), devices.autocast(self.device):
-                together = self._rewards(rows, causal=True).float()
-                alone = torch.cat([self._rewards([row], causal=False) for row in rows]).float()
-        except Exception:  # noqa: BLE001 - a model that cannot score without its mask keeps it
+                together = self._rewards(rows, layout).float()
+                alone = torch.cat([self._rewards([row], "masked") for row in rows]).float()
+        except Exception:  # noqa: BLE001 - a model that cannot score so keeps the next layout
             return False
         allowed = 1e-3 + 1e-2 * alone.abs() + 0.05 * (alone[0] - alone[1]).abs()
         return bool(((together - alone).abs() <= allowed).all())
@@ -282,8 +321,6 @@ def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) 
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    from rm import device as devices
-
     out = Path(out_dir)
     # FSDP: every rank gathers the whole weights (a collective), rank 0 alone writes them
     state = devices.full_state_dict(hf_model)
@@ -295,40 +332,6 @@ def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) 
     (out / TRAIN_CONFIG).write_text(json.dumps(train_config, indent=2, default=str))
     (out / METRICS).write_text(json.dumps(metrics, indent=2, default=str))
     return out
-
-
-def weights_sha256(folder) -> str:
-    """sha256 over a model folder's safetensors files (names and bytes, in name order): what a
-    registered model id promises. Written into metrics.json and the store's row at training.
-
-    >>> import tempfile
-    >>> d = Path(tempfile.mkdtemp()); _ = (d / "model.safetensors").write_bytes(b"abc")
-    >>> weights_sha256(d)[:12]
-    '454ca76ef900'
-    """
-    digest = hashlib.sha256()
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} holds no *.safetensors weights; pass a folder written by "
-                         "`bradley train` or `bradley models prepare`")
-    for path in files:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def check_weights(folder, expected: str | None, model_id: str) -> None:
-    """Refuse a folder whose weights are not the ones registered under `model_id` (None: a model
-    registered before hashes were recorded, not checked)."""
-    if expected is None:
-        return
-    found = weights_sha256(folder)
-    if found != expected:
-        raise ValueError(f"model {model_id}: the weights in {folder} (sha256 {found[:12]}) are not "
-                         f"the ones registered (sha256 {expected[:12]}); the folder was overwritten "
-                         "by another run. Serve that run's model id, or retrain")
 
 
 def read_json(path: Path) -> dict:

@@ -30,7 +30,7 @@ import torch
 
 from rm import device as devices
 from rm.loop import TrainConfig
-from rm.model import weights_sha256
+from rm.weights import weights_sha256
 
 NO_FLOORS = {"entropy_floor": None, "bt_floor": None}
 

@@ -7,7 +7,10 @@ passed since that request arrived, sorts the pool's rows by length (so rows of s
 a forward and padding stays small), cuts them into forwards of at most `max_batch_tokens` padded
 tokens (rows x longest row), and queues those forwards. Where to cut (service/forward_plan.py):
 with `learn_cost`, where the model's own timed forwards say a cut saves more padding than a forward
-costs; until they say, and without it, at `max_padding` wasted tokens per real one.
+costs; until they say, and without it, at `max_padding` wasted tokens per real one. A scorer
+whose forwards pack their rows (`packs_rows`, rm/packed.py) computes no padding: its forwards are
+timed and counted by their real tokens, and cut the same way (on a CPU the cut's smaller forwards
+run faster per token, their activations staying in cache: tiny model, ~1,000-token forwards).
 Every worker takes the next planned forward when it is free, and collects a new pool only when none
 is left. There is one worker unless the scorer runs forwards elsewhere (on a CPU,
 service/forward_pool.py: a process per worker); then the workers share one plan, so the rows of all
@@ -302,16 +305,24 @@ class Batcher:
             for job, _ in pending:
                 job.error = exc
             return
-        seconds, padded = time.perf_counter() - started, max(map(len, batch)) * len(batch)
+        seconds = time.perf_counter() - started
+        tokens = sum(map(len, batch))
+        padded = tokens if _packs(scorer) else max(map(len, batch)) * len(batch)
         with self._cond:
             self.stats["forwards"] += 1
             self.stats["items"] += len(pending)
             if (cost := self._cost(scorer)) is not None:
                 cost.observe(padded, seconds)
         if self.on_forward is not None:
-            self.on_forward(len(batch), sum(len(row) for row in batch), padded, seconds)
+            self.on_forward(len(batch), tokens, padded, seconds)
         for (job, k), score in zip(pending, scores, strict=True):
             job.scores[k] = float(score)
+
+
+def _packs(scorer: Scorer) -> bool:
+    """Whether `scorer` packs a forward's rows into one unpadded row (rm/packed.py): it costs its
+    real tokens, however its rows' lengths differ."""
+    return bool(getattr(getattr(scorer, "__self__", scorer), "packs_rows", False))
 
 
 def _deliver(jobs: list[_Job]) -> None:

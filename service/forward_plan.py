@@ -22,6 +22,12 @@ machine's load (the batcher keeps one per model: a swapped-in model starts afres
 has seen enough forwards of different sizes, `plan_forwards` cuts by a padding limit instead
 (BRADLEY_MAX_PADDING; setting it turns the learning off).
 
+A forward that packs its rows (rm/packed.py, a decoder on a CPU) computes no padding; the batcher
+learns its line in real tokens and cuts it the same way. The cut is then no longer about padding:
+its forwards stay small, which on a CPU is faster per token than one forward of the whole pool
+(tiny model, one thread, pools of 16 random hh-rlhf rows, 3 alternating measures: cut 523-723
+items/s, one forward a worker 477-681).
+
     >>> plan_by_cost([10, 10, 11, 20], max_tokens=100, max_items=8, overhead_tokens=5)
     [[0, 1, 2], [3]]
     >>> plan_by_cost([10, 10, 11, 20], max_tokens=100, max_items=8, overhead_tokens=50)

@@ -14,7 +14,8 @@ no lock. Each process loads the model folder itself (safetensors, as `RewardMode
 
 Wire format, one `multiprocessing` Pipe per process (bytes only, nothing is pickled): a request is
 int32 [rows, length of each row, the ids of every row]; the answer is b"S" + float64 scores, or
-b"E" + the error's text. An empty request asks the process to exit.
+b"E" + the error's text. An empty request asks the process to exit. A loaded process says b"R" +
+its model's layout (`RewardModel.layout`, decided by a probe forward at load).
 
     >>> unpack_rows(pack_rows([[1, 2, 3], [4]]))
     [[1, 2, 3], [4]]
@@ -71,10 +72,11 @@ def _serve(conn, path: str, threads: int) -> None:
 
         torch.set_num_threads(threads)
         model = RewardModel.load(path, device="cpu")
+        layout = model.layout  # decided now (a probe forward), so the parent knows how to cut
     except Exception as exc:  # noqa: BLE001 - sent to the parent, which raises it
         conn.send_bytes(b"E" + f"{type(exc).__name__}: {exc}".encode())
         return
-    conn.send_bytes(b"R")
+    conn.send_bytes(b"R" + layout.encode())
     while True:
         try:
             message = conn.recv_bytes()
@@ -98,6 +100,7 @@ class ForwardPool:
         self.path, self.threads = str(path), threads
         self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
         self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self.layout = ""  # how the processes lay out a forward's rows (RewardModel.layout)
         self._workers: list = []  # [process, connection]; the finalizer closes what is here
         # a swapped-out model's pool goes when its last request does, often on the event loop:
         # the processes are reaped on a thread of their own
@@ -113,6 +116,11 @@ class ForwardPool:
     @property
     def processes(self) -> int:
         return len(self._workers)
+
+    @property
+    def packs_rows(self) -> bool:
+        """Whether a forward costs its real tokens only (the batcher cuts by this)."""
+        return self.layout == "packed"
 
     def score_encoded(self, ids: list[list[int]]) -> list[float]:
         """Scores of `ids` from an idle process (waits for one); a process that died is replaced."""
@@ -154,9 +162,10 @@ class ForwardPool:
             ready = conn.recv_bytes() if conn.poll(START_TIMEOUT_S) else late
         except (EOFError, OSError):
             ready = f"Eexited with code {process.exitcode} while loading".encode()
-        if ready != b"R":
+        if ready[:1] != b"R":
             raise ForwardProcessError(f"forward process {process.name} for {self.path}: "
                                       f"{ready[1:].decode(errors='replace')}")
+        self.layout = ready[1:].decode()
         return worker
 
     def _replace(self, dead: list) -> tuple[list, ForwardProcessError | None]:

@@ -1,7 +1,7 @@
 """Model ids and the folders they name: a registered model id always means the same weights.
 
 Training publishes a folder and the edge registers it here with the weights' sha256
-(rm/model.py: weights_sha256, recorded in the row's metrics). Three rules keep an id honest:
+(rm/weights.py: weights_sha256, recorded in the row's metrics). Three rules keep an id honest:
 
 - training into the `--out` folder of a registered model is refused (`refuse_registered_out`);
   with `--overwrite` it goes ahead, and the older ids are retired (`register` marks them
@@ -55,7 +55,7 @@ def register(store, metrics: dict, retire: list[str] = ()) -> str:
 
 def check_row(row: dict) -> str:
     """The folder of a registered model row, after refusing a retired id or changed weights."""
-    from rm.model import check_weights
+    from rm.weights import check_weights
 
     by = _retired_by(row)
     if by:

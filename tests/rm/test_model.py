@@ -7,8 +7,10 @@ import sys
 import pytest
 import torch
 
+from rm import packed
 from rm.model import (
     RewardModel,
+    _tiny_tokenizer,
     build_tiny_causal_lm,
     build_tiny_reward_model,
     last_token_index,
@@ -55,48 +57,113 @@ def test_score_alone_equals_score_in_batch_of_32_mixed_lengths(models, case):
     assert max(together) - min(together) > 1e-4  # not a constant function
 
 
+def _scores_in(rm, ids, layout):
+    """Scores of `ids` in one forward laid out as `layout` ("packed", "unmasked", "masked")."""
+    with torch.inference_mode():
+        return rm._rewards(ids, layout).tolist()
+
+
 @pytest.mark.parametrize("case", DECODERS)
-def test_decoders_score_without_a_mask_what_the_masked_forward_scores(models, case):
-    """Right-padded rows of a causal decoder need no attention mask (the padding comes after every
-    token a score reads); the probe at the first scoring finds each of these models causal."""
+def test_decoders_score_packed_and_unmasked_what_the_masked_forward_scores(models, case):
+    """On a CPU a causal decoder's rows are packed into one unpadded row (attention within each
+    row); right-padded rows need no mask either: the probe at the first scoring finds each of these
+    models causal, and all three layouts give the forward-as-trained's scores."""
     rm = models[case]
     ids = rm.encode(*_mixed_batch())
-    unmasked = rm.score_encoded(ids)
-    assert rm._causal is True
-    rm._causal = False  # the forward as trained: the tokenizer's padding side, with the mask
-    try:
-        masked = rm.score_encoded(ids)
-    finally:
-        rm._causal = True
-    assert unmasked == pytest.approx(masked, abs=1e-6)
+    served = rm.score_encoded(ids)
+    assert rm.layout == "packed" and rm.packs_rows and rm.scores_without_mask
+    masked = _scores_in(rm, ids, "masked")  # the tokenizer's padding side, with the mask
+    assert served == pytest.approx(masked, abs=1e-5)
+    assert _scores_in(rm, ids, "unmasked") == pytest.approx(masked, abs=1e-5)
 
 
 def test_encoders_keep_their_mask(models):
     rm = models["bert"]
     rm.score_encoded(rm.encode(*_mixed_batch(4)))
-    assert rm._causal is False
+    assert rm.layout == "masked" and rm.scores_without_mask is False and not rm.packs_rows
 
 
-def test_a_model_whose_padding_shows_through_keeps_its_mask(tmp_path, monkeypatch):
+def _leaky(rewards):
+    """`rewards` plus a share of the forward's total tokens: what attending across rows or to
+    padding does to a score (it moves with the batch-mates)."""
+    return lambda ids, *rest: rewards(ids, *rest) + 0.01 * ids.numel()
+
+
+@pytest.mark.parametrize("leaks, layout", [(("packed_rewards",), "unmasked"),
+                                           (("packed_rewards", "causal_rewards"), "masked")])
+def test_a_layout_whose_rows_see_each_other_is_not_used(tmp_path, monkeypatch, leaks, layout):
     rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
-    causal = rm.net.causal_rewards
-    # stands in for a decoder that attends both ways: without the mask a score moves with padding
-    monkeypatch.setattr(rm.net, "causal_rewards",
-                        lambda ids, lengths: causal(ids, lengths) + 0.01 * (ids.shape[1] - lengths))
+    for name in leaks:
+        monkeypatch.setattr(rm.net, name, _leaky(getattr(rm.net, name)))
     ids = rm.encode(*_mixed_batch(8))
     together = rm.score_encoded(ids)
-    assert rm._causal is False
+    assert rm.layout == layout
+    assert rm.net.hf.config._attn_implementation == "sdpa"  # the packed attention was taken off
     assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
 
 
-def test_a_model_that_fails_without_the_mask_is_scored_with_it(models, monkeypatch):
+@pytest.mark.parametrize("failing, layout", [(("packed_rewards",), "unmasked"),
+                                             (("packed_rewards", "causal_rewards"), "masked")])
+def test_a_layout_that_fails_is_not_used(models, monkeypatch, failing, layout):
     rm = models["llama-right"]
     ids = rm.encode(*_mixed_batch(4))
     expected = rm.score_encoded(ids)
-    monkeypatch.setattr(rm, "_causal", None)
-    monkeypatch.setattr(rm.net, "causal_rewards", lambda *_: 1 / 0)
+    monkeypatch.setattr(rm, "_layout", None)
+    for name in failing:
+        monkeypatch.setattr(rm.net, name, lambda *_: 1 / 0)
     assert rm.score_encoded(ids) == pytest.approx(expected, abs=1e-6)
-    assert rm._causal is False
+    assert rm.layout == layout
+    packed.install(rm.net.hf)  # as the module-scoped fixture had it
+
+
+def test_a_sliding_window_model_is_not_packed():
+    """Packed rows attend within their own span, all of it: wrong for a model whose layers see only
+    the last `sliding_window` tokens. Its config keeps it unpacked, and the probe rows (5 and 12
+    tokens) would have told, since packing them gives other scores."""
+    from transformers import AutoModelForSequenceClassification, MistralConfig
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                           sliding_window=4, pad_token_id=tok.pad_token_id, num_labels=1)
+    rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+    ids = rm.encode(*_mixed_batch(8))
+    together = rm.score_encoded(ids)
+    assert rm.layout == "unmasked"
+    assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
+    rm.net.hf.set_attn_implementation("sdpa")
+    assert not packed.install(rm.net.hf)
+    packed._register()
+    rm.net.hf.set_attn_implementation(packed.NAME)  # forced: the windows are ignored
+    assert not rm._probe("packed")
+    assert _scores_in(rm, ids, "packed") != pytest.approx(together, abs=1e-3)
+
+
+def test_the_packed_attention_leaves_other_forwards_as_they_were(models, tmp_path):
+    """Installed on a model, the packed attention is transformers' SDPA outside a packed forward
+    (the training forward, with its mask, gives the same rewards); on another thread it is too,
+    while this one packs; and a saved model does not carry it."""
+    import threading
+
+    rm = models["llama-left"]
+    rm.score_encoded(rm.encode(*_mixed_batch(2)))
+    assert rm.net.hf.config._attn_implementation == packed.NAME
+    batch = pad_batch(rm.encode(*_mixed_batch(8)), rm.tokenizer.pad_token_id, "left")
+    with torch.inference_mode():
+        installed = rm.net(batch["input_ids"], batch["attention_mask"])
+        rm.net.hf.set_attn_implementation("sdpa")
+        plain = rm.net(batch["input_ids"], batch["attention_mask"])
+        rm.net.hf.set_attn_implementation(packed.NAME)
+        beside = []
+        with packed.rows([(0, 1)]):
+            thread = threading.Thread(target=lambda: beside.append(
+                rm.net(batch["input_ids"], batch["attention_mask"])))
+            thread.start()
+            thread.join()
+    assert installed.tolist() == plain.tolist() == beside[0].tolist()
+    save_model(rm.net.hf, rm.tokenizer, tmp_path / "saved", {}, {})
+    assert RewardModel.load(tmp_path / "saved", device="cpu").net.hf.config._attn_implementation == "sdpa"
 
 
 @pytest.mark.parametrize("flag_kept", [True, False])
@@ -105,8 +172,6 @@ def test_a_decoder_that_attends_both_ways_keeps_its_mask(flag_kept):
     keeps the mask; with the flag cleared after the model was built (its layers still attend both
     ways), the probe rows do."""
     from transformers import AutoModelForSequenceClassification, Gemma3TextConfig
-
-    from rm.model import _tiny_tokenizer
 
     tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
     torch.manual_seed(0)
@@ -118,7 +183,7 @@ def test_a_decoder_that_attends_both_ways_keeps_its_mask(flag_kept):
     rm.net.hf.config.use_bidirectional_attention = flag_kept
     ids = rm.encode(*_mixed_batch(8))
     together = rm.score_encoded(ids)
-    assert rm.net.is_decoder and rm._causal is False
+    assert rm.net.is_decoder and rm.layout == "masked"
     if flag_kept:  # cleared, the config no longer describes the layers: the decision is the test
         assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
 

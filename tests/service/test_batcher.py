@@ -47,6 +47,30 @@ def test_plan_forwards_sorts_by_length_to_cut_padding():
     assert plan_forwards([1, 9, 1, 9], max_tokens=18, max_items=2) == [[0, 2], [1, 3]]
 
 
+class Packer(Recorder):
+    """A scorer whose forwards pack their rows (rm/packed.py): padding costs it nothing."""
+
+    packs_rows = True
+
+
+@pytest.mark.parametrize("scorer, padded", [(Recorder(), 4 * 9 + 4 * 9), (Packer(), 4 * 1 + 4 * 9)])
+def test_a_scorer_that_packs_its_rows_is_counted_by_its_real_tokens(scorer, padded):
+    """8 waiting rows of 1 and 9 tokens in one forward: padded, it computes 8 x 9 tokens; packed,
+    the 40 real ones, and that is what the metrics and the learned cost see."""
+    seen = []
+
+    async def main():
+        batcher = Batcher(max_batch_tokens=10_000, max_batch_items=64, max_wait_s=0.05,
+                          on_forward=lambda *forward: seen.append(forward)).start()
+        rows = [[1] * (1 if i % 2 else 9) for i in range(8)]
+        results = await asyncio.gather(*(batcher.score(scorer, [row]) for row in rows))
+        batcher.close()
+        return results
+
+    assert run(main()) == [[1.0 if i % 2 else 9.0] for i in range(8)]
+    assert len(scorer.calls) == 1 and seen[0][:3] == (8, 40, padded)
+
+
 def test_concurrent_single_item_requests_share_forwards():
     scorer = Recorder()
 

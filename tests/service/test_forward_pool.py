@@ -40,7 +40,8 @@ def gone(process, timeout_s: float = 20.0) -> bool:
 
 def test_a_forward_process_scores_exactly_as_the_model_here(pool, offline, ids):
     model = offline["rm-tiny-a"]
-    assert pool.score_encoded(ids[:7]) == model.score_encoded(ids[:7])  # one padded forward
+    assert pool.score_encoded(ids[:7]) == model.score_encoded(ids[:7])  # one packed forward
+    assert pool.layout == model.layout == "packed" and pool.packs_rows  # said at load
     alone = [pool.score_encoded([row])[0] for row in ids[:7]]
     assert alone == pytest.approx(pool.score_encoded(ids[:7]), abs=1e-5)  # batch independence
     assert pool.score_encoded([]) == []

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from annotation.store import Store
-from rm.model import weights_sha256
+from rm.weights import weights_sha256
 from service import cli
 from service.ports import free_port
 from tests.rm.test_train import synthetic_pairs, write_pairs
