@@ -7,8 +7,10 @@ built from a config, on (prompt, response) items from hh-rlhf (cut to 300 charac
    length-sorted forwards of the server's token budget (nothing else running), the best of a
    measurement before and one after the servers ran, each taken two ways: in this process with
    every thread, and on the forward processes `bradley serve` starts on a CPU (one thread each,
-   service/forward_pool.py; `ceiling_before_after` has both); and, once the server has learned
-   its forwards' cost, the same items cut by that cost too (`ceiling_cut_by_cost_after`);
+   service/forward_pool.py; `ceiling_before_after` has both); once the server has learned
+   its forwards' cost, the same items cut by that cost too (`ceiling_cut_by_cost_after`); in
+   forwards of a half and a quarter of the budget (`ceiling_by_budget`: smaller forwards can run
+   faster per item, as packed ones do on a CPU); and the batch bound below: the fastest of all;
 2. served: `bradley serve` (the real CLI, a separate process) driven by 64 concurrent clients over
    keep-alive HTTP/1.1, first each sending single-sample requests (OpenRLHF's newer client), then
    8-item requests; the load generator is raw asyncio (a few microseconds per request) and shares
@@ -221,8 +223,8 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     if processes := forward_processes(None, kind):
         ways["processes"] = processes
 
-    def ceiling(overhead_tokens: float | None = None) -> dict:
-        return {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
+    def ceiling(overhead_tokens: float | None = None, budget: int = args.batch_tokens) -> dict:
+        return {way: offline_rate(folder, items, budget, seconds=seconds, device=device,
                                   processes=p, overhead_tokens=overhead_tokens)
                 for way, p in ways.items()}
 
@@ -249,10 +251,17 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     # other work on a shared machine moves every figure: the ceiling is the best of the
     # measurements taken around the served runs
     after = ceiling()
-    # the server cuts by the cost it learned: the sorted items cut so may go faster still
+    # the server cuts by the cost it learned: the sorted items cut so may go faster still; and
+    # smaller forwards can run faster per item (packed ones on a CPU: their activations stay in
+    # cache), so the sorted items in forwards of a half and a quarter of the budget too
     by_cost = ceiling(learned) if learned is not None else {}
-    best = {way: max(before[way], after[way], by_cost.get(way, 0.0)) for way in ways}
+    smaller = {budget: ceiling(budget=budget) for budget in (args.batch_tokens // 2,
+                                                             args.batch_tokens // 4)}
+    best = {way: max(before[way], after[way], by_cost.get(way, 0.0), bound[way],
+                     *(rates[way] for rates in smaller.values())) for way in ways}
     out["ceiling_items_per_s"] = round(max(best.values()), 1)
+    out["ceiling_by_budget"] = {str(budget): {way: round(rate, 1) for way, rate in rates.items()}
+                                for budget, rates in smaller.items()}
     out["ceiling_before_after"] = {way: [round(before[way], 1), round(after[way], 1)] for way in ways}
     out["ceiling_cut_by_cost_after"] = {way: round(rate, 1) for way, rate in by_cost.items()}
     out["forward_processes"] = ways.get("processes", 0)
@@ -328,7 +337,8 @@ def summary(results: dict, args) -> dict:
                    f"forwards of <={args.batch_tokens} padded tokens, with no server running; the "
                    f"best of {args.offline_seconds:g} s runs before and after the served runs, in "
                    "the bench process and on the forward processes bradley serve runs, cut by "
-                   "the padding limit and by the forward cost the server learned",
+                   "the padding limit and by the forward cost the server learned, at the budget, "
+                   "its half and its quarter, and the batch bound: the fastest offline rate",
         "threads": f"{args.torch_threads} intra-op thread(s) for the in-process ceiling and the "
                    "naive server (torch.set_num_threads, OMP_NUM_THREADS); one per forward process",
         "torch_threads": args.torch_threads, "batch_tokens": args.batch_tokens, "scale": args.scale,

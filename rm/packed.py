@@ -57,7 +57,10 @@ def install(hf_model) -> bool:
     if config._attn_implementation != "sdpa" or not full_attention(config):
         return False
     _register()
-    hf_model.set_attn_implementation(NAME)
+    try:
+        hf_model.set_attn_implementation(NAME)
+    except Exception:  # noqa: BLE001 - a model that refuses registered attention is not packed
+        return False
     return True
 
 
