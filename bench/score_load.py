@@ -53,7 +53,9 @@ phase; `tiny_cpu_bound_ratio`) is the most `ratio_vs_offline` their measured CPU
 for, were the served forwards as cheap per item as the ceiling's (`cpu_bound_ratio()`).
 
 `layout` (per model and in the summary) is how its forwards lay out their rows: "packed" on a CPU
-(one unpadded row, attention per row: rm/packed.py), "unmasked" right padding on a GPU.
+(one unpadded row, attention per row: rm/packed.py); "unmasked" (right padding, no mask) or
+"masked" elsewhere. With more measurements in it, the ceiling is the highest of more noisy rates
+since b03781d: its ratios read lower than earlier runs' for the same service.
 
 On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
 `per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it

@@ -145,7 +145,7 @@ def collate_pairs(pairs: TokenizedPairs, index, pad_id: int, padding_side: str =
     """One batch: 2B padded rows (chosen then rejected), and the pairs' p_chosen and margin."""
     import torch
 
-    from rm.model import pad_batch
+    from rm.rows import pad_batch
 
     index = [int(i) for i in index]
     seqs = [pairs.chosen[i] for i in index] + [pairs.rejected[i] for i in index]

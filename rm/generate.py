@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from rm.model import pad_batch
+from rm.rows import pad_batch
 
 
 def render(tokenizer, prompt: str) -> list[int]:

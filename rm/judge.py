@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rm.model import import_modeling, last_token_index, pad_batch
+from rm.model import import_modeling
+from rm.rows import last_token_index, pad_batch
 
 Item = tuple[str, str, str, str]  # (prompt, first, second, principle)
 Template = Callable[[str, str, str], tuple[str, str]]

@@ -20,53 +20,22 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 
 from __future__ import annotations
 
-import itertools
 import json
 import sys
+import threading
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from rm import device as devices
 from rm import packed
 from rm.prompt_cache import PromptCache
+from rm.rows import last_token_index, pad_batch
 from rm.tiny_configs import tiny_config
 from rm.tokenizer import build_bpe_tokenizer, encode_many
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.json"
-
-
-def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Index of the last 1 in each row of the mask, for right and left padding alike.
-
-    >>> last_token_index(torch.tensor([[1, 1, 0], [0, 1, 1], [1, 1, 1]])).tolist()
-    [1, 2, 2]
-    """
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    return (positions * attention_mask.long()).argmax(-1)
-
-
-def pad_batch(ids: list[list[int]], pad_id: int, padding_side: str = "right") -> dict:
-    """Pad token-id lists into `input_ids` and `attention_mask` tensors.
-
-    >>> pad_batch([[5, 6], [7]], pad_id=0, padding_side="left")["input_ids"].tolist()
-    [[5, 6], [0, 7]]
-    """
-    if padding_side not in ("right", "left"):
-        raise ValueError(f"padding_side must be 'right' or 'left', got {padding_side!r}")
-    # one flat array scattered through a mask: a row-by-row copy cost ~6x as much (a /score forward)
-    lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
-    width = int(lengths.max())
-    columns = np.arange(width)
-    real = columns < lengths[:, None] if padding_side == "right" else \
-        columns >= (width - lengths)[:, None]
-    input_ids = np.full((len(ids), width), pad_id, dtype=np.int64)
-    input_ids[real] = np.fromiter(itertools.chain.from_iterable(ids), dtype=np.int64,
-                                  count=int(lengths.sum()))
-    return {"input_ids": torch.from_numpy(input_ids),
-            "attention_mask": torch.from_numpy(real.astype(np.int64))}
 
 
 class RewardNet(torch.nn.Module):
@@ -91,8 +60,7 @@ class RewardNet(torch.nn.Module):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
         out = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                  position_ids=positions, use_cache=False)
-        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-        return self._head(out[0][rows, last_token_index(attention_mask)])
+        return self._head_at(out[0], last_token_index(attention_mask))
 
     def causal_rewards(self, input_ids: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """Rewards of right-padded rows of a causal decoder, with no attention mask: a token attends
@@ -101,8 +69,7 @@ class RewardNet(torch.nn.Module):
         (`RewardModel` checks on probe rows that the model is causal before using this)."""
         positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
         hidden = self.hf.base_model(input_ids=input_ids, position_ids=positions, use_cache=False)[0]
-        rows = torch.arange(hidden.shape[0], device=hidden.device)
-        return self._head(hidden[rows, lengths - 1])
+        return self._head_at(hidden, lengths - 1)
 
     def packed_rewards(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        spans: list[tuple[int, int]]) -> torch.Tensor:
@@ -114,6 +81,10 @@ class RewardNet(torch.nn.Module):
                                         use_cache=False)[0]
         last = torch.tensor([end - 1 for _, end in spans], device=hidden.device)
         return self._head(hidden[0, last])
+
+    def _head_at(self, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
+        """The score head on each padded row's hidden state at position `last[row]`."""
+        return self._head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
 
     def _head(self, states: torch.Tensor) -> torch.Tensor:
         """The decoder's score head on one final hidden state per row."""
@@ -144,6 +115,7 @@ class RewardModel:
         # encoders read [CLS] at position 0 and use absolute positions: they must pad on the right
         self.padding_side = tokenizer.padding_side if self.net.is_decoder else "right"
         self._layout: str | None = None  # how scoring lays out rows: _choose_layout()
+        self._deciding = threading.Lock()
 
     @classmethod
     def load(cls, path, device="auto") -> RewardModel:
@@ -168,7 +140,9 @@ class RewardModel:
         "packed" (one unpadded row, attention per row; decoders on a CPU), "unmasked" (right-padded,
         no mask; other causal decoders) or "masked" (padded with the mask, as trained)."""
         if self._layout is None:
-            self._layout = self._choose_layout()
+            with self._deciding:  # the choice installs and takes off attention on the shared model
+                if self._layout is None:
+                    self._layout = self._choose_layout()
         return self._layout
 
     @property

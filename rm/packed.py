@@ -13,7 +13,8 @@ documented extension point, `AttentionInterface`): `install` registers ours unde
 on one model. Outside `rows(...)`, it and its mask function are transformers' own SDPA ones, so
 every other forward of that model (masked scoring, the probe) computes what it did before. Inside,
 no mask is built (a dense [T, T] block-diagonal mask would cost more than the padding it saves)
-and each row's queries attend to its own keys:
+and each row's queries attend to its own keys (for these position ids transformers itself would
+build that dense mask):
 
     out[a:b] = softmax(q[a:b] k[a:b]^T / sqrt(d) + causal) v[a:b]   for each row's span [a, b)
 
@@ -30,6 +31,8 @@ from contextvars import ContextVar
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from rm.rows import flat_ids
 
 NAME = "bradley_packed"
 _spans: ContextVar[list[tuple[int, int]] | None] = ContextVar("bradley_packed_spans", default=None)
@@ -50,18 +53,20 @@ def full_attention(config) -> bool:
 
 
 def install(hf_model) -> bool:
-    """Give `hf_model` the packed attention when it uses SDPA and attends fully; False otherwise."""
+    """Give `hf_model` the packed attention when it uses SDPA and attends fully; False otherwise,
+    and where transformers has no registered attention or the model class refuses it (transformers
+    only warns then, leaving SDPA set)."""
     config = hf_model.config
     if config._attn_implementation == NAME:
         return True
     if config._attn_implementation != "sdpa" or not full_attention(config):
         return False
-    _register()
     try:
+        _register()
         hf_model.set_attn_implementation(NAME)
-    except Exception:  # noqa: BLE001 - a model that refuses registered attention is not packed
+    except Exception:  # noqa: BLE001 - an older transformers, or a model that refuses it
         return False
-    return True
+    return config._attn_implementation == NAME
 
 
 def uninstall(hf_model) -> None:
@@ -79,16 +84,14 @@ def layout(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, list[tupl
     lengths = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
     ends = np.cumsum(lengths)
     starts = ends - lengths
-    total = int(ends[-1])
-    flat = np.fromiter((t for row in rows for t in row), dtype=np.int64, count=total)
-    positions = np.arange(total) - np.repeat(starts, lengths)
+    positions = np.arange(int(ends[-1])) - np.repeat(starts, lengths)
     spans = list(zip(starts.tolist(), ends.tolist(), strict=True))
-    return torch.from_numpy(flat)[None], torch.from_numpy(positions)[None], spans
+    return torch.from_numpy(flat_ids(rows, lengths))[None], torch.from_numpy(positions)[None], spans
 
 
 @contextlib.contextmanager
 def rows(spans: list[tuple[int, int]]):
-    """Forwards inside attend within each span of the packed row (this thread only)."""
+    """Forwards inside attend within each span of the packed row (this context: this thread)."""
     token = _spans.set(spans)
     try:
         yield
@@ -99,29 +102,46 @@ def rows(spans: list[tuple[int, int]]):
 def _attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     spans = _spans.get()
     if spans is None:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
-    gqa = key.shape[1] != query.shape[1]
+        return _sdpa["attention"](module, query, key, value, attention_mask, dropout=dropout,
+                                  scaling=scaling, **kwargs)
+    _check_plain(module, kwargs)
+    if key.shape[1] != query.shape[1]:  # grouped-query attention: a key/value head per group
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
     out = torch.cat([F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b],
-                                                    value[:, :, a:b], is_causal=True,
-                                                    scale=scaling, enable_gqa=gqa)
+                                                    value[:, :, a:b], is_causal=True, scale=scaling)
                      for a, b in spans], dim=2)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _check_plain(module, kwargs) -> None:
+    """Packed attention is plain causal attention: a layer asking for more (a window, soft-capping,
+    sinks, a position bias, both directions) or training (dropout) raises, so the probe says no
+    instead of passing or failing by its tolerance."""
+    extras = [name for name in ("sliding_window", "softcap", "s_aux", "position_bias")
+              if kwargs.get(name) is not None]
+    if kwargs.get("is_causal") is False or not getattr(module, "is_causal", True):
+        extras.append("bidirectional attention")
+    if module.training:
+        extras.append("training")
+    if extras:
+        raise NotImplementedError(f"packed attention is plain causal attention, not {extras}")
 
 
 def _mask(*args, **kwargs):
     if _spans.get() is not None:
         return None  # the spans are the mask
-    from transformers.masking_utils import sdpa_mask
+    return _sdpa["mask"](*args, **kwargs)
 
-    return sdpa_mask(*args, **kwargs)
+
+_sdpa: dict = {}  # transformers' own SDPA attention and mask functions, bound at registration
 
 
 def _register() -> None:
     from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
+    _sdpa.update(attention=sdpa_attention_forward, mask=sdpa_mask)
     AttentionInterface.register(NAME, _attention)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _mask)

@@ -9,8 +9,9 @@ tokens (rows x longest row), and queues those forwards. Where to cut (service/fo
 with `learn_cost`, where the model's own timed forwards say a cut saves more padding than a forward
 costs; until they say, and without it, at `max_padding` wasted tokens per real one. A scorer
 whose forwards pack their rows (`packs_rows`, rm/packed.py) computes no padding: its forwards are
-timed and counted by their real tokens, and cut the same way (on a CPU the cut's smaller forwards
-run faster per token, their activations staying in cache: tiny model, ~1,000-token forwards).
+timed and counted by their real tokens, and still cut as if padded, a heuristic kept because it
+measured faster: it keeps forwards small, and smaller packed forwards ran faster per token on
+this CPU (service/forward_plan.py).
 Every worker takes the next planned forward when it is free, and collects a new pool only when none
 is left. There is one worker unless the scorer runs forwards elsewhere (on a CPU,
 service/forward_pool.py: a process per worker); then the workers share one plan, so the rows of all
@@ -24,7 +25,7 @@ fit, and its remaining rows go to the back of the queue, so requests that arrive
 in the next pool rather than behind the whole of a large one (round robin, one pool at a time).
 A small request therefore waits about one pool for any large one, however large.
 
-Batch independence is the scorer's contract (one padded forward whose per-row result ignores the
+Batch independence is the scorer's contract (one forward whose per-row result ignores the
 other rows: attention masks, no cross-row normalisation); the batcher only regroups rows, and never
 mixes two scorers in one forward, which is what makes a hot model swap safe: a request that was
 tokenized for the old model is scored by the old model.

@@ -23,10 +23,12 @@ has seen enough forwards of different sizes, `plan_forwards` cuts by a padding l
 (BRADLEY_MAX_PADDING; setting it turns the learning off).
 
 A forward that packs its rows (rm/packed.py, a decoder on a CPU) computes no padding; the batcher
-learns its line in real tokens and cuts it the same way. The cut is then no longer about padding:
-its forwards stay small, which on a CPU is faster per token than one forward of the whole pool
-(tiny model, one thread, pools of 16 random hh-rlhf rows, 3 alternating measures: cut 523-723
-items/s, one forward a worker 477-681).
+learns its line in real tokens and still cuts as above, as if padding cost: a heuristic, not a
+model of a packed forward's cost, kept because its small forwards measured faster per token on a
+CPU than one forward of the whole pool per worker (tiny model, one thread, pools of 16 random
+hh-rlhf rows, 3 alternating measures: cut 523-723 items/s, one forward a worker 477-681; packed
+forwards of 1,024-2,048 tokens ran 881-938 items/s, of 4,096-8,192 tokens 634-856, plausibly as
+the smaller ones' activations fit the 4 MiB L2 cache).
 
     >>> plan_by_cost([10, 10, 11, 20], max_tokens=100, max_items=8, overhead_tokens=5)
     [[0, 1, 2], [3]]

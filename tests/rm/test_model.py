@@ -13,10 +13,9 @@ from rm.model import (
     _tiny_tokenizer,
     build_tiny_causal_lm,
     build_tiny_reward_model,
-    last_token_index,
-    pad_batch,
     save_model,
 )
+from rm.rows import last_token_index, pad_batch
 
 TEXTS = [f"the answer to question {i} is clear and correct, not vague {i * 7}" for i in range(40)]
 
@@ -104,22 +103,74 @@ def test_a_layout_whose_rows_see_each_other_is_not_used(tmp_path, monkeypatch, l
 
 @pytest.mark.parametrize("failing, layout", [(("packed_rewards",), "unmasked"),
                                              (("packed_rewards", "causal_rewards"), "masked")])
-def test_a_layout_that_fails_is_not_used(models, monkeypatch, failing, layout):
-    rm = models["llama-right"]
+def test_a_layout_that_fails_is_not_used(tmp_path, monkeypatch, failing, layout):
+    rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
     ids = rm.encode(*_mixed_batch(4))
-    expected = rm.score_encoded(ids)
-    monkeypatch.setattr(rm, "_layout", None)
+    expected = _scores_in(rm, ids, "masked")
     for name in failing:
         monkeypatch.setattr(rm.net, name, lambda *_: 1 / 0)
     assert rm.score_encoded(ids) == pytest.approx(expected, abs=1e-6)
     assert rm.layout == layout
-    packed.install(rm.net.hf)  # as the module-scoped fixture had it
+
+
+def test_a_packed_forward_attends_row_by_row_with_no_mask(models, monkeypatch):
+    """What makes packing pay: one attention call per row and layer, each over that row alone,
+    causal, with no [T, T] mask (transformers would build one for these position ids, and the
+    scores would still be right: only the calls tell)."""
+    rm = models["llama-right"]
+    ids = rm.encode(*_mixed_batch(5))
+    expected = _scores_in(rm, ids, "masked")
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def recorded(query, key, value, attn_mask=None, **kwargs):
+        calls.append((query.shape[2], key.shape[2], attn_mask, kwargs.get("is_causal")))
+        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
+    assert rm.score_encoded(ids) == pytest.approx(expected, abs=1e-5)
+    layers = rm.net.hf.config.num_hidden_layers
+    assert calls == [(len(row), len(row), None, True) for row in ids] * layers
+
+
+def test_grouped_query_attention_is_packed_exactly():
+    """A Llama with 4 query heads sharing 1 key/value head: each key/value head serves its group."""
+    from transformers import AutoModelForSequenceClassification, LlamaConfig
+
+    tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
+                         pad_token_id=tok.pad_token_id, num_labels=1)
+    rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+    ids = rm.encode(*_mixed_batch(12))
+    assert rm.score_encoded(ids) == pytest.approx(_scores_in(rm, ids, "masked"), abs=1e-5)
+    assert rm.layout == "packed"
+
+
+@pytest.mark.parametrize("refusal", ["warns", "raises"])
+def test_a_model_that_refuses_the_packed_attention_is_not_packed(tmp_path, monkeypatch, refusal):
+    """transformers only warns when a model class cannot take a registered attention (SDPA stays
+    set): that is a refusal too, or scoring would pack through transformers' dense packed mask."""
+    rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
+    refuse = (lambda name: None) if refusal == "warns" else (lambda name: 1 / 0)
+    monkeypatch.setattr(rm.net.hf, "set_attn_implementation", refuse)
+    rm.score_encoded(rm.encode(*_mixed_batch(2)))
+    assert rm.layout == "unmasked" and rm.net.hf.config._attn_implementation == "sdpa"
+
+
+def test_a_packed_forward_in_training_mode_fails_its_probe(tmp_path):
+    """Packed attention has no dropout: a model left in training mode is not packed."""
+    rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
+    assert packed.install(rm.net.hf)
+    assert rm._probe("packed")
+    rm.net.train()
+    assert not rm._probe("packed")
 
 
 def test_a_sliding_window_model_is_not_packed():
     """Packed rows attend within their own span, all of it: wrong for a model whose layers see only
-    the last `sliding_window` tokens. Its config keeps it unpacked, and the probe rows (5 and 12
-    tokens) would have told, since packing them gives other scores."""
+    the last `sliding_window` tokens. Its config keeps it unpacked; forced, the packed attention
+    refuses the window its layers ask for, and the probe says no."""
     from transformers import AutoModelForSequenceClassification, MistralConfig
 
     tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
@@ -137,7 +188,8 @@ def test_a_sliding_window_model_is_not_packed():
     packed._register()
     rm.net.hf.set_attn_implementation(packed.NAME)  # forced: the windows are ignored
     assert not rm._probe("packed")
-    assert _scores_in(rm, ids, "packed") != pytest.approx(together, abs=1e-3)
+    with pytest.raises(NotImplementedError, match="sliding_window"):
+        _scores_in(rm, ids, "packed")
 
 
 def test_the_packed_attention_leaves_other_forwards_as_they_were(models, tmp_path):
