@@ -52,10 +52,9 @@ On a CPU the forwards share the cores with the server and the clients: `cpu_boun
 phase; `tiny_cpu_bound_ratio`) is the most `ratio_vs_offline` their measured CPU per item leaves room
 for, were the served forwards as cheap per item as the ceiling's (`cpu_bound_ratio()`).
 
-`layout` (per model and in the summary) is how its forwards lay out their rows: "packed" on a CPU
-(one unpadded row, attention per row: rm/packed.py); "unmasked" (right padding, no mask) or
-"masked" elsewhere. With more measurements in it, the ceiling is the highest of more noisy rates
-since b03781d: its ratios read lower than earlier runs' for the same service.
+`layout` (per model and in the summary) is how its forwards lay out their rows (RewardModel.layout:
+"packed" on a CPU). Since b03781d the ceiling is the highest of more noisy rates: its ratios read
+lower than earlier runs' for the same service.
 
 On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
 `per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it
@@ -213,10 +212,10 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
            "BRADLEY_DEVICE": args.device, "BRADLEY_TORCH_THREADS": str(args.torch_threads),
            "OMP_NUM_THREADS": str(args.torch_threads)}
     model = RewardModel.load(folder, device=args.device)
-    model.score(*zip(*items[:2], strict=True))  # the first scoring decides whether the mask goes
+    layout = model.layout  # decided on first use (a probe forward); no scoring needed for it
     out = {"parameters": count_parameters(model.net),
            "mean_tokens": round(sum(map(len, model.encode(*zip(*items, strict=True)))) / len(items), 1),
-           "scores_without_mask": model.scores_without_mask, "layout": model.layout}
+           "scores_without_mask": model.scores_without_mask, "layout": layout}
     seconds, device = args.offline_seconds, args.device
     kind = "cuda" if device.startswith("cuda") else "cpu"
     # the forward's two ways on this machine: this process with every thread, and as many forward
