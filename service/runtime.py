@@ -165,6 +165,7 @@ class Service:
         _set_threads(self.settings.torch_threads, rm.device.type)
         model_id = model_id or rm.model_id or Path(path).name
         processes = forward_processes(self.settings.forward_processes, rm.device.type)
+        _tokenize_alone(processes)
         return LoadedModel(model_id, str(path), rm, ForwardPool(path, processes) if processes else None)
 
     def _resolve(self, ref: str) -> tuple[str | None, str]:
@@ -351,6 +352,16 @@ def _set_threads(threads: int | None, device: str) -> None:
         threads = len(os.sched_getaffinity(0))
     if threads:
         torch.set_num_threads(threads)
+
+
+def _tokenize_alone(processes: int) -> None:
+    """With a forward process on every core, the fast tokenizer's own thread pool (Rayon) finds no
+    free core and spins waiting for work, so the tokenizer thread encodes alone. The library reads
+    TOKENIZERS_PARALLELISM at each call; an operator's own setting is kept. Issue 20, tiny model,
+    64 single-sample clients, 11 alternating pairs: server process 0.47 against 0.51 ms of CPU per
+    request, items/s higher in 10 (median +3%)."""
+    if processes and "TOKENIZERS_PARALLELISM" not in os.environ:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def _open_store(settings: Settings):
