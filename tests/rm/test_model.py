@@ -132,16 +132,24 @@ def test_a_packed_forward_attends_row_by_row_with_no_mask(models, monkeypatch):
     assert calls == [(len(row), len(row), None, True) for row in ids] * layers
 
 
-def test_grouped_query_attention_is_packed_exactly():
-    """A Llama with 4 query heads sharing 1 key/value head: each key/value head serves its group."""
-    from transformers import AutoModelForSequenceClassification, LlamaConfig
+def _from_config(config_class, **fields) -> RewardModel:
+    """A 2-layer reward model of `config_class` (hidden 64) with random weights, seed 0, on the
+    tests' tiny tokenizer: architectures the `models` fixture does not build."""
+    from transformers import AutoModelForSequenceClassification
 
     tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=1,
-                         pad_token_id=tok.pad_token_id, num_labels=1)
-    rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+    config = config_class(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, pad_token_id=tok.pad_token_id, num_labels=1,
+                          **fields)
+    return RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+
+
+def test_grouped_query_attention_is_packed_exactly():
+    """A Llama with 4 query heads sharing 1 key/value head: each key/value head serves its group."""
+    from transformers import LlamaConfig
+
+    rm = _from_config(LlamaConfig, num_attention_heads=4, num_key_value_heads=1)
     ids = rm.encode(*_mixed_batch(12))
     assert rm.score_encoded(ids) == pytest.approx(_scores_in(rm, ids, "masked"), abs=1e-5)
     assert rm.layout == "packed"
@@ -171,14 +179,9 @@ def test_a_sliding_window_model_is_not_packed():
     """Packed rows attend within their own span, all of it: wrong for a model whose layers see only
     the last `sliding_window` tokens. Its config keeps it unpacked; forced, the packed attention
     refuses the window its layers ask for, and the probe says no."""
-    from transformers import AutoModelForSequenceClassification, MistralConfig
+    from transformers import MistralConfig
 
-    tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
-    torch.manual_seed(0)
-    config = MistralConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                           num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                           sliding_window=4, pad_token_id=tok.pad_token_id, num_labels=1)
-    rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+    rm = _from_config(MistralConfig, num_attention_heads=2, num_key_value_heads=1, sliding_window=4)
     ids = rm.encode(*_mixed_batch(8))
     together = rm.score_encoded(ids)
     assert rm.layout == "unmasked"
@@ -223,15 +226,10 @@ def test_a_decoder_that_attends_both_ways_keeps_its_mask(flag_kept):
     """Gemma 3 with bidirectional attention has a score head like a causal decoder: its config
     keeps the mask; with the flag cleared after the model was built (its layers still attend both
     ways), the probe rows do."""
-    from transformers import AutoModelForSequenceClassification, Gemma3TextConfig
+    from transformers import Gemma3TextConfig
 
-    tok = _tiny_tokenizer(TEXTS, 300, "llama", False)
-    torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
-                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                              head_dim=32, use_bidirectional_attention=True,
-                              pad_token_id=tok.pad_token_id, num_labels=1)
-    rm = RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
+    rm = _from_config(Gemma3TextConfig, num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                      use_bidirectional_attention=True)
     rm.net.hf.config.use_bidirectional_attention = flag_kept
     ids = rm.encode(*_mixed_batch(8))
     together = rm.score_encoded(ids)
