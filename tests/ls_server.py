@@ -30,6 +30,9 @@ TEMPLATE = cache_root() / f"label-studio-{VERSION}-template"
 EMAIL, PASSWORD = "admin@bradley.test", "bradley-test-password"
 TOKEN = "b7a1d9e0c3f2a4b6d8e0f1a2b3c4d5e6f7a8b9c0"  # 40 hex: --user-token
 START_TIMEOUT_S = 240
+# Label Studio 1.23.2 asks for sentry-sdk>=2.16.0 and passes sentry_sdk.init(send_default_pii=...),
+# an option sentry-sdk 3.0.0 refuses ("Unknown option"): the server then exits at start-up
+PINS = ("sentry-sdk<3",)
 TIMINGS: dict[str, float] = {}  # what the set-up cost in this session (reported by the tests)
 
 
@@ -44,7 +47,7 @@ def _locked(name: str):
 def ensure_installed() -> Path:
     """The cached venv's python, building it when missing (~75 s on an idle machine)."""
     start = time.monotonic()
-    python = ensure_venv(f"label-studio-{VERSION}", [f"label-studio=={VERSION}"])
+    python = ensure_venv(f"label-studio-{VERSION}", [f"label-studio=={VERSION}", *PINS])
     if time.monotonic() - start > 5:
         TIMINGS["install_s"] = round(time.monotonic() - start, 1)
     return python
