@@ -12,7 +12,7 @@
  *   key_of_row: int32 index of each row's key; text_offsets/text_data: the n texts, likewise.
  *   Returns n * 24 ASCII hex bytes. The buffers must be valid Arrow string buffers (offsets never
  *   decrease): only the last offsets are checked against the data's size.
- *   annotation/formats.py wraps it; tests/annotation/test_hashes.py checks it against hashlib.
+ *   annotation/ingest/formats.py wraps it; tests/annotation/ingest/test_hashes.py checks it against hashlib.
  */
 #define PY_SSIZE_T_CLEAN
 #define OPENSSL_SUPPRESS_DEPRECATED /* SHA256_CTX can be copied; the EVP API's contexts cannot */

@@ -66,7 +66,7 @@ def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
     fill_judgment_ids to complete once the sha256 is known. Runs without DuckDB, so a reader thread
     hashes while it writes.
 
-    >>> from annotation.formats import JUDGMENT_SCHEMA
+    >>> from annotation.ingest.formats import JUDGMENT_SCHEMA
     >>> t = pa.Table.from_pylist([{"row": 1, "prompt": "p", "response_a": "x", "response_b": "y"}],
     ...                          schema=JUDGMENT_SCHEMA)
     >>> with_ids("judgments", t, "s").column("rid_a")[0].as_py() == content_id("p", "x")

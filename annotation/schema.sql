@@ -112,7 +112,7 @@ CREATE TABLE IF NOT EXISTS retractions (
     reason      VARCHAR NOT NULL        -- updated | deleted | cancelled
 );
 
--- Label Studio (annotation/ls_ledger.py holds their SQL). One store pairs with one Label Studio
+-- Label Studio (annotation/label_studio/ledger.py holds their SQL). One store pairs with one Label Studio
 -- server: its annotation ids are unique across that server's projects, and export files do not say
 -- which server they came from.
 CREATE TABLE IF NOT EXISTS ls_projects (
@@ -162,7 +162,7 @@ CREATE OR REPLACE MACRO judgments_in(max_seq, rater_prefix) AS TABLE
                        WHERE max_seq IS NULL OR rb.seq <= max_seq);
 
 -- One voice per (prompt, unordered response pair, rater). A rater who judged a comparison more than
--- once (an AI judge asks in both presentation orders, annotation/rlaif.py) counts once, never twice
+-- once (an AI judge asks in both presentation orders, annotation/rlaif/constitution.py) counts once, never twice
 -- against a human's single vote. p_lo is the mean over the rater's verdicts of P(lo better): 1, 0 or
 -- 1/2 for a plain a/b/tie verdict, the judge's probability for a source 'rlaif' verdict (its strength
 -- is P(winner better)). The voice is lo or hi by that mean, and a tie when the mean is 1/2 or when

@@ -1,7 +1,7 @@
 """Snapshots: what a report or training run read, frozen as "every batch up to seq N, raters with this
 prefix" (the `judgments_in` / `pairs_in` macros of schema.sql), so a run replays exactly however much
 data arrives later. Part of the store: annotation.store.Store has these methods (SQL stays in the
-store's modules, as with annotation/bulk.py).
+store's modules, as with annotation/ingest/inserts.py).
 
     >>> from annotation.store import Store
     >>> store = Store(":memory:")

@@ -1,6 +1,6 @@
 """The preference store: one DuckDB file, the schema in schema.sql, and every SQL statement of bradley.
 
-Nothing outside this module, annotation/bulk.py (an ingest batch's bulk writes) and annotation/ls_ledger.py
+Nothing outside this module, annotation/ingest/inserts.py (an ingest batch's bulk writes) and annotation/label_studio/ledger.py
 (the Label Studio tables) writes SQL. Every query is parameterized; table names never come from input.
 
     >>> store = Store(":memory:")

@@ -134,8 +134,8 @@ def main() -> None:
                         help="characters per abusive item (prompt + response)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
-    from rm.model import build_tiny_reward_model
-    from service.settings import Settings
+    from rm.model.reward_model import build_tiny_reward_model
+    from service.api.settings import Settings
 
     defaults = Settings()
     items = hh_items(1000)

@@ -10,7 +10,7 @@ prompts' pairs are the pool.
 Labeling runs in rounds of 100 pairs: each pushed pair is answered by the simulator's verdict for it,
 a tiny reward model is retrained from scratch on every label so far (`bradley ingest` + `bradley
 train rm --base-model tiny`, in-process through the CLI), and the next round is chosen by
-annotation.selection (`uncertain`: |σ(r_a − r_b) − ½| smallest under the last model, scored with
+annotation.label_studio.selection (`uncertain`: |σ(r_a − r_b) − ½| smallest under the last model, scored with
 `RewardModel.load(path).score`; `random`). The first round is random for both. The selection
 functions are called directly, as `bradley label-studio push` calls them, without a Label Studio
 server.
@@ -39,8 +39,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from annotation import selection  # noqa: E402
-from service.cli import main as bradley  # noqa: E402
+from annotation.label_studio import selection  # noqa: E402
+from service.cli.main import main as bradley  # noqa: E402
 
 CHECKPOINTS = (200, 400, 800)
 
@@ -85,7 +85,7 @@ def split(rows: list[dict], truth: dict, val_share: float) -> tuple[list[dict], 
 
 def train(work: Path, labeled: list[dict], tag: str, seed: int, epochs: float):
     """A tiny reward model trained on `labeled`; returns the loaded model."""
-    from rm.model import RewardModel
+    from rm.model.reward_model import RewardModel
 
     folder = work / tag
     folder.mkdir()

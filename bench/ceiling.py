@@ -15,15 +15,15 @@ def offline_rate(model_dir: str, items: list, budget: int, rows: int = 256,
     forwards of at most `rows` rows and `budget` padded tokens (rows=1: one forward per item).
     `seen=N`: items in a fixed random order, sorted only within each N (what a server sees when
     N single-sample clients wait at once: the batch bound), cut into forwards as the server cuts
-    them (`padding`: its BRADLEY_MAX_PADDING default, service.runtime.AUTO_PADDING; or, given
+    them (`padding`: its BRADLEY_MAX_PADDING default, service.engine.runtime.AUTO_PADDING; or, given
     `overhead_tokens`, by cost as a server that learned that overhead cuts them, each forward at
-    most a share of its pool per forward process: service/forward_plan.py).
+    most a share of its pool per forward process: service/engine/forward_plan.py).
     `processes=N`: the same forwards on N forward processes of one thread each, N at a time
-    (service/forward_pool.py, what `bradley serve` runs on a CPU), instead of in this process."""
+    (service/engine/forward_pool.py, what `bradley serve` runs on a CPU), instead of in this process."""
     import random
 
-    from rm.model import RewardModel
-    from service.forward_plan import cut_pool
+    from rm.model.reward_model import RewardModel
+    from service.engine.forward_plan import cut_pool
 
     model = RewardModel.load(model_dir, device=device)
     if rows == 1:  # one forward per item: a quarter of them (on the H200 each took 31 ms)
@@ -54,7 +54,7 @@ def _pool_run(model_dir: str, forwards: list, processes: int, seconds: float) ->
     going through `forwards` together, for at least `seconds`."""
     import threading
 
-    from service.forward_pool import ForwardPool
+    from service.engine.forward_pool import ForwardPool
 
     pool = ForwardPool(model_dir, processes)
     lock, progress = threading.Lock(), {"next": 0, "done": 0}

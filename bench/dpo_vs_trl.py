@@ -11,7 +11,7 @@ taken as micro-batches of `--micro-batch` pairs (default 1: `--batch-size 1 --gr
 accumulated gradients: the same optimizer steps as TRL's, with the activations of one pair at a
 time. The first run includes the one-time reference pass in its time (`dpo_steps_per_s`); a second
 run on the same store finds every reference log-prob cached (`dpo_cached_steps_per_s`). Both give
-`dpo_peak_rss_mb`. A third run takes the CLI's defaults (`--batch-size 8`, cut by rm/policy_run.py's
+`dpo_peak_rss_mb`. A third run takes the CLI's defaults (`--batch-size 8`, cut by rm/train/policy.py's
 token budget per forward into `dpo_default_micro_batches` micro-batches of 4 pairs): `dpo_default_*`,
 faster and larger. One more child per side stops where training would begin (imports, model,
 tokenized data, reference log-probs cached; TRL's trainer built): their peaks (`*_floor_rss_mb`)
@@ -20,7 +20,7 @@ TRL's DPOConfig turns gradient checkpointing on by default; that is left as it i
 default is turned off: both sides train in fp32, the precision whose first losses are compared; on
 CPUs without native bf16 (AVX2-only, as the development machine of 2026-12-02) TRL's bf16 autocast
 is emulated and about 60x slower, which would measure the CPU, not the trainer. The transformers
-import in our process leaves scipy out (rm/model.py: import_modeling); TRL's venv has no scipy.
+import in our process leaves scipy out (rm/model/reward_model.py: import_modeling); TRL's venv has no scipy.
 
 Run: `nice -n 10 .venv/bin/python bench/dpo_vs_trl.py` (TRL's venv is created on first use).
 """
@@ -65,7 +65,7 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 '''
 
 
-# `bradley train po` up to its first step, through its own stages (rm/policy_run.py), with the run's
+# `bradley train po` up to its first step, through its own stages (rm/train/policy.py), with the run's
 # config built directly: the snapshot's rows, the policy, the tokenized pairs and the reference
 # log-probs (cached by the measured runs).
 OUR_FLOOR_SCRIPT = r'''
@@ -73,10 +73,11 @@ import json, sys
 import shutil
 import torch
 from annotation.store import Store
-from rm import device as devices, policy_run
-from rm.loop import TrainConfig
-from rm.run import RunInputs, new_plan
-from rm.objectives import PoConfig
+from rm.model import device as devices
+from rm.train import policy as policy_run
+from rm.train.loop import TrainConfig
+from rm.train.run import RunInputs, new_plan
+from rm.train.objectives import PoConfig
 a = json.loads(sys.argv[1])
 config = policy_run.PolicyRunConfig(base_model=a["model"], max_length=a["max_length"], val_fraction=0,
                                     train=TrainConfig(batch_size=a["batch_size"]),
@@ -96,7 +97,7 @@ print(json.dumps(data.stats))
 
 def build_policy(rows: list[dict], folder: Path) -> int:
     """The tiny causal LM, without a chat template so both sides render `prompt\\n\\nresponse`."""
-    from rm.model import build_tiny_causal_lm, count_parameters, load_causal_lm
+    from rm.model.reward_model import build_tiny_causal_lm, count_parameters, load_causal_lm
 
     texts = [t for r in rows for t in (r["prompt"], r["chosen"], r["rejected"])]
     build_tiny_causal_lm(folder, texts, hidden=256, layers=4, vocab_size=1024)
@@ -146,7 +147,7 @@ def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
     (work / "trl_dpo.py").write_text(TRL_DPO_SCRIPT)
     spec = {"model": str(folder), "train": str(data), "out": str(work / "trl-dpo-out"),
             "batch": args.batch, "steps": args.steps, "lr": args.lr,
-            "warmup_steps": int(args.warmup * args.steps),  # as rm/loop.py rounds it
+            "warmup_steps": int(args.warmup * args.steps),  # as rm/train/loop.py rounds it
             "max_length": args.max_length, "threads": args.threads, "beta": args.beta}
     out, rss = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps(spec)], work, "trl_dpo")
     _, floor = run_measured([str(python), str(work / "trl_dpo.py"), json.dumps({**spec, "floor": True})],
@@ -156,7 +157,7 @@ def run_trl(args, work: Path, folder: Path, rows: list[dict]) -> dict:
 
 def run(args, work: Path, rows: list[dict]) -> dict:
     """The DPO figures, as keys of the shared JSON line."""
-    from rm.policy_run import micro_split
+    from rm.train.policy import micro_split
 
     work.mkdir(parents=True, exist_ok=True)
     folder = work / "policy"

@@ -2,7 +2,7 @@
 
 Generates ROWS judgment rows (prompt, response_a, response_b, winner, rater; ~500 characters per
 text) as JSONL in a temp dir, then, each in a fresh process and a fresh database file:
-  ours: `bradley ingest` (annotation.ingest.ingest_file: validation, content ids, three tables);
+  ours: `bradley ingest` (annotation.ingest.batch.ingest_file: validation, content ids, three tables);
   raw:  DuckDB `INSERT INTO bare_table SELECT * FROM read_json(FILE)` (no checks, no ids).
 ratio_vs_duckdb_raw = our rows/s ÷ raw rows/s; peak_rss_mb is the peak of our ingest process.
 
@@ -51,7 +51,7 @@ def generate(path: Path, rows: int, text_chars: int = 500, seed: int = 0) -> int
 
 
 def run_ours(path: str, db: str, queue) -> None:
-    from annotation.ingest import ingest_file
+    from annotation.ingest.batch import ingest_file
     from annotation.store import Store
 
     start = time.perf_counter()
@@ -93,7 +93,7 @@ def main() -> None:
     args = parser.parse_args()
     import duckdb  # noqa: F401
 
-    import annotation.ingest  # noqa: F401 (imported once here, so neither child times imports)
+    import annotation.ingest.batch  # noqa: F401 (imported once here, so neither child times imports)
     with tempfile.TemporaryDirectory(prefix="bradley-bench-") as tmp:
         data = Path(tmp) / "judgments.jsonl"
         size = generate(data, args.rows, args.text_chars)

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from annotation.rlaif import load_constitution, plan
-from rm.judge import LocalJudge
-from rm.model import build_tiny_causal_lm
+from annotation.rlaif.constitution import load_constitution, plan
+from rm.judge.local import LocalJudge
+from rm.model.reward_model import build_tiny_causal_lm
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "llmbar" / "LLMBar_Natural.json"
 

@@ -80,7 +80,7 @@ def drive_measured(port: int, items: list, requests: int, per_request: int, pid:
     """`drive`, plus what the model did meanwhile: `forward_busy` (share of the time the batcher
     was in a forward: near 1, the model is the limit, not the server's other work), rows per
     forward, `forward_items_per_s` (items per second of forward) and `prompt_cache_hit_share`
-    (items whose prompt part came from rm/prompt_cache.py: these clients cycle through the items,
+    (items whose prompt part came from rm/model/prompt_cache.py: these clients cycle through the items,
     so from the second pass nearly all), and `forward_overhead_tokens`: what a forward costs before
     its first token, in padded tokens, as the server learned it by the end (None before it has)."""
     before = forward_counters(port)

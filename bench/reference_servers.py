@@ -23,7 +23,7 @@ def naive_server(model_dir: str, port: str) -> None:
     import torch
     from fastapi import FastAPI
 
-    from rm.model import RewardModel
+    from rm.model.reward_model import RewardModel
 
     torch.set_num_threads(int(os.environ["BRADLEY_TORCH_THREADS"]))
     model = RewardModel.load(model_dir, device=os.environ.get("BRADLEY_DEVICE", "cpu"))

@@ -7,7 +7,7 @@ built from a config, on (prompt, response) items from hh-rlhf (cut to 300 charac
    length-sorted forwards of the server's token budget (nothing else running), the best of a
    measurement before and one after the servers ran, each taken two ways: in this process with
    every thread, and on the forward processes `bradley serve` starts on a CPU (one thread each,
-   service/forward_pool.py; `ceiling_before_after` has both); once the server has learned
+   service/engine/forward_pool.py; `ceiling_before_after` has both); once the server has learned
    its forwards' cost, the same items cut by that cost too (`ceiling_cut_by_cost_after`); in
    forwards of a half and a quarter of the budget (`ceiling_by_budget`: smaller forwards can run
    faster per item, as packed ones do on a CPU); and the batch bound below: the fastest of all;
@@ -41,7 +41,7 @@ tokenizing, batching: what caps a server whose forwards run on a GPU); the summa
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
 fixed random order sorted only within each 64 and cut as the server cuts them (no HTTP, no
-tokenizing): by the forward cost it learned while serving (service/forward_plan.py), else by its
+tokenizing): by the forward cost it learned while serving (service/engine/forward_plan.py), else by its
 padding limit; the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
 `batch_bound_in_process_by_padding` has it at padding limits 0.1, 1 and none too (in this process,
 "cost N": the learned cut), to tell whether cutting by cost beats every fixed limit on this device.
@@ -84,8 +84,8 @@ sys.path.insert(0, str(ROOT))
 from bench.ceiling import offline_rate  # noqa: E402
 from bench.common import spawn, stop  # noqa: E402
 from bench.load import CLIENTS, drive, drive_measured  # noqa: E402
-from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
-from service.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING, forward_processes  # noqa: E402
+from service.cli.ports import free_port  # noqa: E402  (after the path line, as the script runs)
+from service.engine.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING, forward_processes  # noqa: E402
 
 CUT = 300
 PADDINGS = (0.1, 1.0, float("inf"))  # padding limits the batch bound is also measured at
@@ -205,7 +205,7 @@ def cpu_bound_ratio(phase: dict, per_request: int, ceiling: float, cores: int) -
 
 
 def bench_model(folder: str, items: list, requests: dict, args) -> dict:
-    from rm.model import RewardModel, count_parameters
+    from rm.model.reward_model import RewardModel, count_parameters
 
     n = {k: args.requests or max(CLIENTS, int(v * args.scale)) for k, v in requests.items()}
     env = {"BRADLEY_MAX_BATCH_TOKENS": str(args.batch_tokens), "BRADLEY_LOG_LEVEL": "warning",
@@ -379,7 +379,7 @@ def main() -> None:
         args.batch_tokens = AUTO_BATCH_TOKENS["cuda"] if args.device.startswith("cuda") else 4096
     import torch
 
-    from rm.model import build_tiny_reward_model
+    from rm.model.reward_model import build_tiny_reward_model
 
     torch.set_num_threads(args.torch_threads)
     items = hh_items(args.items)

@@ -68,7 +68,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from annotation.export import export
-    from annotation.ingest import ingest_file
+    from annotation.ingest.batch import ingest_file
     from annotation.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -51,7 +51,7 @@ print(json.dumps({"steps": out.global_step, "train_runtime": out.metrics["train_
 
 
 def build_model(rows: list[dict], folder: Path) -> int:
-    from rm.model import build_tiny_reward_model, count_parameters, load_backbone
+    from rm.model.reward_model import build_tiny_reward_model, count_parameters, load_backbone
 
     texts = [t for r in rows for t in (r["prompt"], r["chosen"], r["rejected"])]
     build_tiny_reward_model(folder, texts, hidden=256, layers=4, vocab_size=1024,
@@ -62,11 +62,11 @@ def build_model(rows: list[dict], folder: Path) -> int:
 def run_ours(args, folder: Path, train_rows: list[dict], val_rows: list[dict]) -> dict:
     import torch
 
-    from rm import data
-    from rm.evaluate import accuracy
-    from rm.loop import TrainConfig, train_loop
-    from rm.model import RewardModel, RewardNet, load_backbone
-    from rm.objectives import bt_objective
+    from rm.model.reward_model import RewardModel, RewardNet, load_backbone
+    from rm.train import reward_data as data
+    from rm.train.evaluate import accuracy
+    from rm.train.loop import TrainConfig, train_loop
+    from rm.train.objectives import bt_objective
 
     torch.manual_seed(0)
     hf, tok = load_backbone(str(folder))

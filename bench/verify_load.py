@@ -5,12 +5,12 @@ venv of their own) in three variants each (the worked solution, the answer + 1, 
 for `gsm8k`; for `math`, the same answers as LaTeX (`\\boxed{N}`, `\\boxed{\\frac{2N}{2}}`,
 `\\boxed{N+1}`, a bare number).
 
-1. in-process: one loop calling `rm.verifiers.run_verifier` on the items in this process (what a
+1. in-process: one loop calling `rm.verify.rules.run_verifier` on the items in this process (what a
    trainer's own reward function does), nothing else running;
 2. served: `bradley serve` (the real CLI, a separate process, no reward model loaded) driven by 64
    concurrent clients over keep-alive HTTP/1.1, each request a batch of --items items; every call
    runs in a verifier worker process under the 5 s limit; with this many requests in flight each
-   is decoded, checked and answered whole inside a worker (service/verify_whole.py); the clients
+   is decoded, checked and answered whole inside a worker (service/engine/verify_whole.py); the clients
    decode replies with orjson, as a trainer's would;
 3. timeout path: the gsm8k load again with a few requests carrying a regex item that backtracks
    catastrophically (`(a+)+$` on 28 a's and a "!"): each must come back as `status: timeout` after
@@ -41,7 +41,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import post, process_cpu, spawn, stop  # noqa: E402
-from service.ports import free_port  # noqa: E402
+from service.cli.ports import free_port  # noqa: E402
 
 KEY = "bench-verify-load-key-0123"
 
@@ -74,7 +74,7 @@ def math_items(problems: list[dict]) -> list[dict]:
 
 def in_process(items: list[dict], seconds: float) -> tuple[float, float]:
     """(items/s, CPU µs per item) of a plain loop over the verifiers in this process."""
-    from rm.verifiers import run_verifier
+    from rm.verify.rules import run_verifier
 
     run_verifier(items[0]["verifier"], items[0]["response"], items[0]["ground_truth"])  # imports
     done, started, cpu = 0, time.perf_counter(), time.process_time()

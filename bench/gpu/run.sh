@@ -42,7 +42,7 @@ else
   LIMIT=(timeout)   # the 9-minute plan: small models 100 s, training 200 s, serving 240 s at most
   nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader || true
   # fail in seconds, not after the training, when the server's imports are not all there
-  "$PY" -c "import duckdb, fastapi, httptools, orjson, uvicorn, service.app, service.cli"
+  "$PY" -c "import duckdb, fastapi, httptools, orjson, uvicorn, service.api.app, service.cli.main"
 fi
 
 started=$SECONDS

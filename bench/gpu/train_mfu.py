@@ -62,12 +62,12 @@ WORDS = ("the answer is correct clear precise helpful because each step follows 
 
 
 def build_model(folder: Path, shape: dict, texts: list[str]) -> tuple[Path, int]:
-    """A tokenizer trained on `texts` (rm/model.py's tiny recipe) and a causal LM of `shape` from a
+    """A tokenizer trained on `texts` (rm/model/reward_model.py's tiny recipe) and a causal LM of `shape` from a
     config with random weights, saved with save_pretrained; (folder, parameter count)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from rm.model import build_tiny_causal_lm
+    from rm.model.reward_model import build_tiny_causal_lm
 
     path = build_tiny_causal_lm(folder, texts, vocab_size=min(4096, shape["vocab_size"]))
     config = AutoConfig.from_pretrained(path)
@@ -90,7 +90,7 @@ def write_pairs(path: Path, n: int, words: int) -> None:
 
 def cli(argv: list[str]) -> str:
     """`bradley ARGV` in this process; the last line it printed (training: the JSON metrics)."""
-    from service.cli import main
+    from service.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

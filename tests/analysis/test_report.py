@@ -9,10 +9,10 @@ import pyarrow as pa
 import pytest
 
 from analysis import cycles, report
-from annotation.ingest import ingest_file
+from annotation.ingest.batch import ingest_file
 from annotation.simulate import SimulationConfig, load_into
 from annotation.store import Store
-from service import cli
+from service.cli import main as cli
 
 KEYS = {"n_judgments", "n_prompts", "snapshot_id", "length_bias", "agreement", "cycles", "verdict"}
 

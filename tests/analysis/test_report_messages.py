@@ -11,9 +11,9 @@ from html.parser import HTMLParser
 import pytest
 
 from analysis import report
-from annotation.ingest import ingest_file
+from annotation.ingest.batch import ingest_file
 from annotation.store import Store, StoreError
-from service import cli
+from service.cli import main as cli
 
 MTBENCH = "mtbench_human/mtbench_turn1_judgments.jsonl.gz"
 

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from annotation.export import ExportError, export
-from annotation.ingest import ingest_file, ingest_records
+from annotation.ingest.batch import ingest_file, ingest_records
 from annotation.store import Store
-from service.cli import main as cli_main
+from service.cli.main import main as cli_main
 
 CONVERSATION = [{"role": "user", "content": "Say hi"}]
 MIXED = [

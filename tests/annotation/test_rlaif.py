@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from annotation.ingest import ingest_records
-from annotation.rlaif import (
+from annotation.ingest.batch import ingest_records
+from annotation.rlaif.constitution import (
     Comparison,
     ConstitutionError,
     collapsed_verdict,

@@ -14,7 +14,7 @@ from annotation.simulate import (
     simulate_arrays,
     simulate_rows,
 )
-from service import cli
+from service.cli import main as cli
 
 
 def test_same_seed_same_rows_other_seed_other_rows():
@@ -110,7 +110,7 @@ def test_load_into_store_matches_the_truth(store):
 
 
 def test_ingest_reads_the_simulated_file_like_load_into(tmp_path, store):
-    from annotation.ingest import ingest_file
+    from annotation.ingest.batch import ingest_file
 
     out = tmp_path / "sim.jsonl"
     config = SimulationConfig(prompts=15, seed=9)

@@ -7,9 +7,9 @@ import hashlib
 import pyarrow as pa
 import pytest
 
-from annotation.formats import JUDGMENT_SCHEMA
 from annotation.ids import content_id, prompt_id, response_id, with_ids
-from annotation.ingest import ingest_records
+from annotation.ingest.batch import ingest_records
+from annotation.ingest.formats import JUDGMENT_SCHEMA
 from annotation.store import SCHEMA_VERSION, Store, StoreError
 
 

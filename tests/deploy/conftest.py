@@ -38,7 +38,7 @@ def tool(name: str) -> str:
 def exported_names() -> set[str]:
     """Every series name a bradley /metrics body can contain, from a fresh app's registry (names of
     labelled series exist before their first observation, so they come from the family type)."""
-    from service.metrics import Metrics
+    from service.api.metrics import Metrics
 
     names = set()
     for family in Metrics().registry.collect():

@@ -4,7 +4,7 @@
   `kubernetes-validate` (offline, strict: an unknown or misspelt field fails), at the oldest and
   newest supported versions of the range we claim.
 - Every bradley command line in compose.yaml and the manifests (a container of the bradley image:
-  its ENTRYPOINT is `bradley`; under `torchrun -m service.cli`, the arguments after the module) is
+  its ENTRYPOINT is `bradley`; under `torchrun -m service.cli.main`, the arguments after the module) is
   accepted by the real argument parser, and `bradley <command> --help` lists each flag it uses.
   torchrun's own flags go through torchrun's parser.
 - Every port agrees: the one `bradley serve` listens on (--port, else BRADLEY_PORT from the
@@ -67,7 +67,7 @@ def dockerfile_env() -> dict[str, str]:
 
 
 def bradley_argv(container: dict) -> list[str]:
-    """The bradley arguments a container runs (ENTRYPOINT bradley, or torchrun -m service.cli)."""
+    """The bradley arguments a container runs (ENTRYPOINT bradley, or torchrun -m service.cli.main)."""
     command, args = container.get("command"), [str(a) for a in container.get("args", [])]
     if not command:
         return args
@@ -75,8 +75,8 @@ def bradley_argv(container: dict) -> list[str]:
     from torch.distributed.run import get_args_parser
 
     parsed = _parse(get_args_parser(), args, "torchrun")
-    assert parsed.module and parsed.training_script == "service.cli", \
-        "torchrun must launch `-m service.cli` (the bradley CLI)"
+    assert parsed.module and parsed.training_script == "service.cli.main", \
+        "torchrun must launch `-m service.cli.main` (the bradley CLI)"
     return list(parsed.training_script_args)
 
 
@@ -109,8 +109,8 @@ def _all_argvs() -> list[tuple[str, list[str], dict]]:
 
 
 def serve_port(argv: list[str], env: dict) -> int:
-    from service.cli import build_parser
-    from service.settings import Settings
+    from service.api.settings import Settings
+    from service.cli.main import build_parser
 
     args = build_parser().parse_args(argv)
     return int(args.port or env.get("BRADLEY_PORT") or dockerfile_env().get("BRADLEY_PORT")
@@ -118,8 +118,8 @@ def serve_port(argv: list[str], env: dict) -> int:
 
 
 def app_routes() -> set[str]:
-    from service.app import create_app
-    from service.settings import load_settings
+    from service.api.app import create_app
+    from service.api.settings import load_settings
 
     def paths(routes):  # FastAPI may keep included routers as wrappers of the original router
         for route in routes:
@@ -190,7 +190,7 @@ def test_scorers_are_stateless():
 
 
 def test_every_command_line_parses():
-    from service.cli import build_parser
+    from service.cli.main import build_parser
 
     argvs = _all_argvs()
     assert {argv[argv.index(c)] for _, argv, _ in argvs for c in ("serve", "train", "ingest")
@@ -201,7 +201,7 @@ def test_every_command_line_parses():
 
 def test_every_flag_is_in_the_commands_help():
     """`bradley <command> [<kind>] --help`, run as the installed program, lists every flag used."""
-    from service.cli import COMMANDS
+    from service.cli.main import COMMANDS
 
     flags_by_command: dict[tuple[str, ...], set[str]] = {}
     for _, argv, _ in _all_argvs():
@@ -223,7 +223,7 @@ def test_every_flag_is_in_the_commands_help():
 
 
 def test_every_bradley_variable_is_a_setting():
-    from service.settings import Settings
+    from service.api.settings import Settings
 
     names = set(dockerfile_env())
     for service in compose_bradley().values():
@@ -233,7 +233,7 @@ def test_every_bradley_variable_is_a_setting():
     bradley = {n for n in names if n.startswith("BRADLEY_")}
     assert len(bradley) >= 5
     unknown = {n for n in bradley if n[len("BRADLEY_"):].lower() not in Settings.model_fields}
-    assert not unknown, f"not settings (service/settings.py): {sorted(unknown)}"
+    assert not unknown, f"not settings (service/api/settings.py): {sorted(unknown)}"
 
 
 def test_kubernetes_ports_and_paths_agree_with_the_server():

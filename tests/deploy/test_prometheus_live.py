@@ -65,7 +65,7 @@ def stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """`bradley serve` (the CLI, its own process) with a tiny reward model and a store."""
-    from rm.model import build_tiny_reward_model
+    from rm.model.reward_model import build_tiny_reward_model
 
     tmp = tmp_path_factory.mktemp("served")
     model = build_tiny_reward_model(tmp / "rm", TEXTS, hidden=32, layers=1, vocab_size=300)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.ports import free_port
+from service.cli.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"
@@ -58,7 +58,7 @@ def hh_items(shared_data) -> list[tuple[str, str]]:
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory, hh_items) -> dict[str, str]:
     """model id -> folder; two tiny Llama reward models that differ only in their seed."""
-    from rm.model import build_tiny_reward_model
+    from rm.model.reward_model import build_tiny_reward_model
 
     root = tmp_path_factory.mktemp("models")
     texts = [p + " " + r for p, r in hh_items]
@@ -69,7 +69,7 @@ def tiny_models(tmp_path_factory, hh_items) -> dict[str, str]:
 @pytest.fixture(scope="session")
 def offline(tiny_models):
     """The same models loaded directly, for reference scores computed without the service."""
-    from rm.model import RewardModel
+    from rm.model.reward_model import RewardModel
 
     return {name: RewardModel.load(path, device="cpu") for name, path in tiny_models.items()}
 
@@ -98,7 +98,7 @@ class Live:
 def start_live(settings) -> Live:
     import uvicorn
 
-    from service.app import create_app
+    from service.api.app import create_app
 
     app = create_app(settings)
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=settings.port,
@@ -122,7 +122,7 @@ def stop_live(live: Live) -> None:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory, tiny_models):
     """A real uvicorn server in this process (a thread), serving rm-tiny-a, writes keyed."""
-    from service.settings import load_settings
+    from service.api.settings import load_settings
 
     db = make_db(tmp_path_factory.mktemp("live") / "live.duckdb", tiny_models)
     settings = load_settings(db=db, model="rm-tiny-a", api_keys=API_KEY, port=free_port(),

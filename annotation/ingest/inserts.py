@@ -1,0 +1,105 @@
+"""Bulk writes of one ingest batch, inside its open transaction: staged chunks into prompts,
+responses and judgments or feedback, then the copies of ids the store already held dropped.
+
+Part of the store (annotation/store.py opens the transaction and owns the schema); with it, the only
+module that writes SQL. Staged tables are read by DuckDB's replacement scan under the names
+`_bradley_stage` and `_bradley_responses`, local variables of the function that runs the INSERT.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from annotation.ingest.spool import Spool, spool_folder
+
+# Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid), computed by ids.with_ids
+# in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
+# with flags (new_p, new_a, new_b, new_r, new_j) true where the id is the first of its kind in the batch.
+_STAGE_PROMPTS = "INSERT INTO prompts (id, text, messages) SELECT pid, prompt, messages FROM _bradley_stage WHERE new_p"
+_STAGE_RESPONSES = {
+    "judgments": "INSERT INTO responses (id, prompt_id, text, source_model) "
+                 "SELECT rid_a, pid, response_a, model_a FROM _bradley_stage WHERE new_a "
+                 "UNION ALL SELECT rid_b, pid, response_b, model_b FROM _bradley_stage WHERE new_b",
+    "feedback": "INSERT INTO responses (id, prompt_id, text, source_model) "
+                "SELECT rid, pid, completion, model FROM _bradley_stage WHERE new_r",
+}
+_STAGE_ROWS = {
+    "judgments": "INSERT INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
+                 "source, batch_id, created_at, rationale, metadata) SELECT jid, pid, rid_a, rid_b, winner, "
+                 "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage WHERE new_j",
+    "feedback": "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id) "
+                "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage WHERE new_j",
+}
+_STAGE_INSERTS = {kind: [_STAGE_PROMPTS, _STAGE_RESPONSES[kind], _STAGE_ROWS[kind]] for kind in _STAGE_ROWS}
+# annotation.ingest.spool's stream of new responses (already in the responses table's column order)
+_STREAM_RESPONSES = ("INSERT INTO responses (id, prompt_id, text, source_model) "
+                     "SELECT id, prompt_id, text, source_model FROM _bradley_responses")
+# Later copies of an id. Copies agree on everything the id hashes, so keeping any one is correct; the
+# lowest rowid is the oldest (rows of the open transaction number after all committed ones).
+_LATER_COPIES = ("SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid) AS n "
+                 "FROM {table} WHERE {where}) WHERE n > 1")
+_DEDUP = {  # _bradley_ids: the batch's prompt ids; then those that were in the store before it
+    "prompts": "DELETE FROM prompts WHERE rowid IN (" + _LATER_COPIES.format(
+        table="prompts", where="id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
+    "responses": "DELETE FROM responses WHERE rowid IN (" + _LATER_COPIES.format(
+        table="responses", where="prompt_id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
+    "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN "
+                 "(SELECT id FROM judgments WHERE batch_id <> $1)",
+}
+
+
+def insert(cur, kind: str, staged: pa.Table, batch_id: str) -> None:
+    """Inside an open transaction: write staged judgment or feedback rows and their prompts and
+    responses. `staged` has annotation.ingest.formats' columns plus content ids (ids.with_ids)."""
+    # Found by name (DuckDB's replacement scan), not register(): a registered table stays pinned
+    # until the transaction commits, which held every chunk of a big file in memory at once.
+    _bradley_stage = staged  # noqa: F841
+    for statement in _STAGE_INSERTS[kind]:
+        cur.execute(statement, [batch_id] if "$1" in statement else [])
+
+
+def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
+                  complete: Callable[[pa.Table], tuple[pa.Table, str]], spool_root: Path) -> None:
+    """insert() for a whole stream of chunks as one INSERT per table (annotation.ingest.spool says
+    why). The chunks' responses stream in first; then `complete(rest)` gives the rest of the
+    rows with their judgment ids, and the batch id. An exception raised by `chunks` is re-raised
+    here as it was, not as DuckDB's error. The spool goes under `spool_root` (spool.spool_folder)."""
+    with spool_folder(spool_root) as folder:
+        spool = Spool(kind, chunks, folder)
+        _bradley_responses = spool.responses()  # noqa: F841 (read by name, as above)
+        try:
+            cur.execute(_STREAM_RESPONSES)
+        except duckdb.Error:
+            if spool.error is not None:
+                raise spool.error from None
+            raise
+        _bradley_stage = spool.rest()
+        if _bradley_stage is not None:
+            _bradley_stage, batch_id = complete(_bradley_stage)
+            for statement in (_STAGE_PROMPTS, _STAGE_ROWS[kind]):
+                cur.execute(statement, [batch_id] if "$1" in statement else [])
+        del _bradley_stage  # unmap the spooled file before its folder goes
+
+
+def drop_earlier_ids(cur, batch_id: str, prompt_ids: Sequence[str], own_ids: bool) -> None:
+    """Inside the batch's transaction, after its rows: drop the rows it wrote again whose id was in
+    the store before it. A batch writes each prompt id once, so a prompt id seen twice was there
+    before; only responses of such prompts can be (a response id hashes its prompt). Judgment ids
+    are new with every batch unless rows carried their own (`own_ids`: an export ingested back)."""
+    again = _delete_later_copies(cur, "prompts", prompt_ids)
+    if again:
+        _delete_later_copies(cur, "responses", again)
+    if own_ids:
+        cur.execute(_DEDUP["judgments"], [batch_id])
+
+
+def _delete_later_copies(cur, table: str, ids: Sequence[str]) -> list[str]:
+    cur.register("_bradley_ids", pa.table({"id": pa.array(ids, pa.string())}))
+    try:
+        return [row[0] for row in cur.execute(_DEDUP[table]).fetchall()]
+    finally:
+        cur.unregister("_bradley_ids")

@@ -1,0 +1,261 @@
+"""`bradley` command line: argparse in front of the library; errors are translated here, once.
+
+Each subcommand is a pair: `_add_<name>(subparsers)` declares its arguments, `cmd_<name>(args)` calls
+the library and prints; larger ones live in a module of their own (service/cli/train.py: `train`,
+`eval`) and are only registered in COMMANDS here. Heavy imports (torch, transformers) happen inside the command that needs them,
+so `bradley --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+
+from service.cli import label as cli_label  # subcommands in modules of their own
+from service.cli import label_studio as cli_label_studio
+from service.cli import snapshots as cli_snapshots
+from service.cli import train as cli_train
+
+EXIT_ERROR = 1
+EXIT_UNAVAILABLE = 2
+
+
+class Unavailable(Exception):
+    """A subcommand that a later release provides."""
+
+
+def _open_store(args, read_only: bool = False):
+    from annotation.store import Store
+
+    return Store(args.db, read_only=read_only)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, default=str), flush=True)
+
+
+# --- ingest / export / simulate ---------------------------------------------------------------
+
+
+def _add_ingest(sub) -> None:
+    p = sub.add_parser("ingest", help="load labeled comparisons or feedback into the store")
+    p.add_argument("files", nargs="+", metavar="FILE",
+                   help="JSONL/JSON/CSV/Parquet (optionally .gz), a saved HF dataset folder, or hf:SPEC")
+    p.add_argument("--format", default="auto",
+                   choices=["auto", "trl", "hh", "judgments", "kto", "label-studio", "hf"])
+    p.add_argument("--on-error", default="abort", choices=["abort", "skip"],
+                   help="abort: a bad row writes nothing from that file; skip: store bad rows in rejects")
+    p.add_argument("--source-model", default=None, help="record this model as the author of responses")
+
+
+def cmd_ingest(args) -> int:
+    from annotation.ingest.batch import IngestError, ingest_file
+
+    status = 0
+    with _open_store(args) as store:
+        for path in args.files:
+            try:
+                result = ingest_file(store, path, fmt=args.format, on_error=args.on_error,
+                                     progress=sys.stderr.isatty(), source_model=args.source_model)
+            except IngestError as exc:  # abort mode: every bad row, then on to the next file
+                print("\n".join(exc.errors), file=sys.stderr)
+                print(exc.result.summary() if exc.result else f"{path}: nothing written",
+                      file=sys.stderr, flush=True)
+                status = EXIT_ERROR
+                continue
+            print(result.summary(), flush=True)
+    return status
+
+
+def _add_export(sub) -> None:
+    p = sub.add_parser("export", help="write resolved pairs or judgments out of the store")
+    p.add_argument("out", metavar="OUT")
+    p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"])
+    p.add_argument("--snapshot", default=None, help="reproduce exactly what a past run read")
+    p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
+    p.add_argument("--as", dest="shape", default="auto", choices=["auto", "text", "conversational"],
+                   help="trl: one prompt shape for the whole file (auto: the store's, "
+                        "conversational when it holds both)")
+
+
+def cmd_export(args) -> int:
+    from annotation.export import export
+
+    with _open_store(args, read_only=True) as store:
+        summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters,
+                         shape=args.shape)
+    _print_json(summary)
+    return 0
+
+
+def _add_simulate(sub) -> None:
+    p = sub.add_parser("simulate", help="write synthetic judgments with known truth (+ OUT.truth.json)")
+    p.add_argument("out", metavar="OUT")
+    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--responses", type=int, default=4, help="responses per prompt")
+    p.add_argument("--raters", type=int, default=8)
+    p.add_argument("--length-bias", type=float, default=0.5,
+                   help="planted logistic coefficient on the standardized length difference")
+    p.add_argument("--cycle-rate", type=float, default=0.1,
+                   help="share of prompts where two rater groups judge by different criteria")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--raters-per-pair", type=int, default=3)
+    p.add_argument("--pairs-per-prompt", type=int, default=None, help="default: every pair")
+    p.add_argument("--ai-raters", type=int, default=1, help="how many raters are ai:… judges")
+    p.add_argument("--noisy-share", type=float, default=0.25, help="share of noisy raters")
+    p.add_argument("--adversarial-share", type=float, default=0.125,
+                   help="share of adversarial raters (report the opposite verdict)")
+    p.add_argument("--tie-rate", type=float, default=0.05)
+
+
+def cmd_simulate(args) -> int:
+    from annotation.simulate import SimulationConfig, simulate
+
+    names = ("prompts", "responses", "raters", "length_bias", "cycle_rate", "seed", "raters_per_pair",
+             "pairs_per_prompt", "ai_raters", "noisy_share", "adversarial_share", "tie_rate")
+    config = SimulationConfig(**{name: getattr(args, name) for name in names})
+    _print_json(simulate(args.out, config))
+    return 0
+
+
+# --- report -----------------------------------------------------------------------------------
+
+
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="length bias, agreement, cycles and loss floors of the store")
+    p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
+    p.add_argument("--snapshot", default=None,
+                   help="re-read exactly what an earlier report or training run read (its snapshot id)")
+    p.add_argument("--html", default=None, metavar="OUT", help="write one self-contained HTML page")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the full report as JSON")
+    p.add_argument("--fail-on", default=None, metavar="RULES",
+                   help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05' (names: length_bias, slope, "
+                        "alpha, agreement, gap, entropy_floor, bt_floor, cyclic_triads, or a dotted "
+                        "path into the JSON): exit 3 when crossed")
+
+
+def cmd_report(args) -> int:
+    from analysis import report
+
+    return report.run(args.db, raters=args.raters, snapshot_id=args.snapshot, html=args.html,
+                      json_out=args.json, fail_on=args.fail_on)
+
+
+# --- serving and the rest ---------------------------------------------------------------------
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="HTTP service: /score, uploads, reports, metrics",
+                       description="Every setting also reads BRADLEY_<NAME> from the environment "
+                       "(BRADLEY_API_KEYS, BRADLEY_MAX_WAIT_MS, ...; see service/api/settings.py).")
+    p.add_argument("--host", default=None, help="default 127.0.0.1 (env BRADLEY_HOST)")
+    p.add_argument("--port", type=int, default=None, help="default 8000 (env BRADLEY_PORT)")
+    p.add_argument("--model", default=None, help="model id in the store or a model folder")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (env BRADLEY_DEVICE)")
+    p.add_argument("--read-only", action="store_true", help="serve scores only; refuse writes")
+
+
+def cmd_serve(args) -> int:
+    from service.api import app
+
+    return app.serve_from_args(args)
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help="prepare a ready base model offline and print its folder")
+    actions = p.add_subparsers(dest="action", required=True)
+    prep = actions.add_parser("prepare", help="tiny | minilm | smollm2")
+    prep.add_argument("name", choices=["tiny", "minilm", "smollm2"])
+    prep.add_argument("--out", default=None)
+    actions.add_parser("list", help="models registered in the store")
+
+
+def cmd_models(args) -> int:
+    if args.action == "list":
+        with _open_store(args, read_only=True) as store:
+            for row in store.models():
+                _print_json(row)
+        return 0
+    from rm.model import prepare
+
+    print(prepare.prepare(args.name, out=args.out), flush=True)
+    return 0
+
+
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="simulate → ingest → report → train a small RM → serve → score")
+    p.add_argument("--workdir", default="demo", help="folder for the demo's files")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def cmd_demo(args) -> int:
+    from service.cli import demo
+
+    return demo.run(args.workdir, db=args.db, seed=args.seed)
+
+
+# what `--server URL` sends to a running `bradley serve`: service/cli/remote.py, a function each
+SERVER_COMMANDS = ("ingest", "report")
+COMMANDS: dict[str, tuple[Callable, Callable]] = {
+    "ingest": (_add_ingest, cmd_ingest),
+    "export": (_add_export, cmd_export),
+    "simulate": (_add_simulate, cmd_simulate),
+    "report": (_add_report, cmd_report),
+    "train": (cli_train.add, cli_train.run),
+    "eval": (cli_train.add_eval, cli_train.run_eval),
+    "label": (cli_label.add, cli_label.run),
+    "label-studio": (cli_label_studio.add, cli_label_studio.run),
+    "serve": (_add_serve, cmd_serve),
+    "models": (_add_models, cmd_models),
+    "demo": (_add_demo, cmd_demo),
+    "snapshots": (cli_snapshots.add, cli_snapshots.run),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bradley",
+        description="Preference data and reward models: ingest comparisons, analyse them, train a "
+                    "Bradley-Terry reward model or a policy, and serve scores over HTTP.")
+    parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
+                        help="DuckDB store (env BRADLEY_DB; default bradley.duckdb)")
+    parser.add_argument("--server", default=None, metavar="URL",
+                        help="ingest or report through this running `bradley serve`, which owns "
+                             "the store's writer (key from env BRADLEY_API_KEY)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = COMMANDS[args.command][1]
+    if args.server:
+        if args.command not in SERVER_COMMANDS:
+            print(f"bradley {args.command}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
+                  f"the server's other routes are listed in the README (HTTP API)", file=sys.stderr)
+            return EXIT_ERROR
+        from service.cli import remote as cli_server
+
+        handler = getattr(cli_server, args.command)
+    try:
+        return handler(args) or 0
+    except Unavailable as exc:
+        print(f"bradley {args.command}: {exc}", file=sys.stderr)
+        return EXIT_UNAVAILABLE
+    except (ValueError, OSError) as exc:  # library errors name the fix; no traceback for bad input
+        print(f"bradley {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"bradley {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,255 @@
+"""`bradley train rm|po` and `bradley eval`: arguments → typed run configs, the store's snapshot
+handed to rm/ as rows with its loss floors, the model registered afterwards.
+
+The library (rm/train/reward.py, rm/train/policy.py) never opens the store: this edge reads the
+snapshot on rank 0 only (under torchrun every rank runs the CLI; rm/train/run.py calls `inputs()` on
+rank 0), hands the reference-log-prob cache to policy runs, and registers the published folder
+(service/engine/registry.py: refuses a registered `--out` unless `--overwrite`, which retires the older id).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
+
+
+def add(sub) -> None:
+    p = sub.add_parser("train", help="train a reward model (rm) or a policy (po)")
+    kinds = p.add_subparsers(dest="kind", required=True)
+    rm = kinds.add_parser("rm", help="Bradley-Terry reward model")
+    po = kinds.add_parser("po", help="preference optimization: dpo, ipo, kto, simpo, orpo")
+    po.add_argument("--loss", required=True, choices=LOSSES)
+    for q in (rm, po):
+        _add_common(q)
+    rm.add_argument("--soft-labels", action="store_true", help="train on vote shares p̂, not majorities")
+    rm.add_argument("--margin", action="store_true", help="use judgment strength as a BT margin")
+    rm.add_argument("--center", type=float, default=0.0, help="reward-centering coefficient λ")
+    po.add_argument("--beta", type=float, default=0.1)
+    po.add_argument("--gamma", type=float, default=0.5, help="SimPO target margin")
+    po.add_argument("--lambda", dest="lam", type=float, default=0.1, help="ORPO odds-ratio weight")
+    po.add_argument("--label-smoothing", type=float, default=0.0,
+                    help="DPO: assumed share of flipped labels (conservative DPO)")
+    po.add_argument("--robust", action="store_true", help="DPO: unbiased robust variant of the smoothing")
+    po.add_argument("--desirable-weight", type=float, default=1.0, help="KTO weight λ_D")
+    po.add_argument("--undesirable-weight", type=float, default=1.0, help="KTO weight λ_U")
+
+
+def _add_common(q) -> None:
+    q.add_argument("--base-model", default="tiny", help="HF id, local folder, or 'tiny'")
+    q.add_argument("--out", default=None, help="output folder (default models/<id>)")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace the registered model in --out (its id is retired)")
+    q.add_argument("--snapshot", default=None)
+    q.add_argument("--raters", default=None)
+    q.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    q.add_argument("--epochs", type=float, default=1.0)
+    q.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps")
+    q.add_argument("--batch-size", type=int, default=8)
+    q.add_argument("--grad-accum", type=int, default=1)
+    q.add_argument("--lr", type=float, default=None)
+    q.add_argument("--max-length", type=int, default=512)
+    q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
+    q.add_argument("--val-fraction", type=float, default=0.1,
+                   help="share of prompts held out for validation (split by prompt hash)")
+    q.add_argument("--eval-every", type=int, default=None, help="optimizer steps between evals")
+    q.add_argument("--patience", type=int, default=3,
+                   help="evaluations without a better validation loss before stopping early")
+    q.add_argument("--warmup-ratio", type=float, default=0.1)
+    q.add_argument("--gradient-checkpointing", type=int, nargs="?", const=1, default=0, metavar="N",
+                   help="recompute layer activations in the backward pass (every N-th layer; "
+                        "default every layer): less memory, about one more forward per step")
+    q.add_argument("--fsdp", action="store_true",
+                   help="under torchrun: shard parameters, gradients and optimizer state over the "
+                        "processes (FSDP2) instead of a whole copy in each (DDP)")
+
+
+# --- arguments → configs -----------------------------------------------------------------------
+
+LOOP_FLAGS = ("lr", "epochs", "steps", "batch_size", "grad_accum", "warmup_ratio", "eval_every",
+              "patience", "max_seconds", "seed", "gradient_checkpointing")
+RUN_FLAGS = ("base_model", "out", "device", "max_length", "val_fraction")
+
+
+def train_config(args):
+    """rm/train/loop.py's TrainConfig from the flags of the same names."""
+    from rm.train.loop import TrainConfig
+
+    return TrainConfig(**{name: getattr(args, name) for name in LOOP_FLAGS})
+
+
+def reward_config(args):
+    from rm.train.reward import RewardRunConfig
+
+    return RewardRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
+                           train=train_config(args), wrapping=_wrapping(args),
+                           soft_labels=args.soft_labels,
+                           margin=args.margin, center=args.center)
+
+
+def policy_config(args):
+    from rm.train.objectives import PoConfig
+    from rm.train.policy import PolicyRunConfig
+
+    objective = PoConfig(args.loss, args.beta, args.gamma, args.lam, args.label_smoothing,
+                         args.robust, args.desirable_weight, args.undesirable_weight)
+    return PolicyRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
+                           train=train_config(args), wrapping=_wrapping(args), objective=objective)
+
+
+def _wrapping(args) -> str:
+    """rm/train/loop.py WRAPPERS: how a torchrun job spreads the model over its processes."""
+    return "fsdp" if args.fsdp else "ddp"
+
+
+# --- the store's side --------------------------------------------------------------------------
+
+
+def _snapshot_inputs(args, replaced: list) -> Callable:
+    """`inputs()` for a run (called on rank 0 only): refuse a registered --out, freeze a snapshot
+    and read its pairs (with margins for `--margin`), KTO feedback and the loss floors."""
+    from annotation.store import Store
+    from rm.train.run import RunInputs
+
+    def inputs() -> RunInputs:
+        with Store(args.db) as store:
+            replaced[:] = _replaced(store, args)
+            snapshot_id = args.snapshot or store.create_snapshot(args.raters)
+            pairs = store.pairs(snapshot_id)
+            given = RunInputs(pairs=pairs, snapshot_id=snapshot_id, raters=args.raters)
+            if args.kind == "po":
+                if args.loss == "kto":
+                    given.feedback = store.feedback(snapshot_id)
+                return given
+            if args.margin and pairs.num_rows:
+                given.pairs = _with_margins(store, snapshot_id, pairs)
+            given.floors = _floors(store, snapshot_id)
+            return given
+
+    return inputs
+
+
+def _replaced(store, args) -> list[str]:
+    from service.engine.registry import refuse_registered_out
+
+    return refuse_registered_out(store, args.out, args.overwrite)
+
+
+def _with_margins(store, snapshot_id: str, pairs):
+    import pyarrow as pa
+
+    from rm.train.reward_data import pair_margins
+
+    margins = pair_margins(store.judgments(snapshot_id), pairs)
+    return pairs.append_column("margin", pa.array(margins, pa.float64()))
+
+
+def _floors(store, snapshot_id: str) -> dict:
+    from analysis.cycles import loss_floors
+
+    return loss_floors(store.verdict_arrays(snapshot_id))
+
+
+class StoreRefCache:
+    """The store's `ref_logps` table as a policy run's reference cache, opened per call (rank 0)."""
+
+    def __init__(self, db: str):
+        self.db = db
+
+    def ref_logps(self, model_hash: str, template: str, keys: list) -> dict:
+        from annotation.store import Store
+
+        with Store(self.db) as store:
+            return store.ref_logps(model_hash, template, keys)
+
+    def put_ref_logps(self, model_hash: str, template: str, rows: list) -> None:
+        from annotation.store import Store
+
+        with Store(self.db) as store:
+            store.put_ref_logps(model_hash, template, rows)
+
+
+def _train_rm(args, inputs) -> dict | None:
+    from rm.train.reward import train_reward_model
+
+    return train_reward_model(reward_config(args), inputs)
+
+
+def _train_po(args, inputs) -> dict | None:
+    from rm.train.policy import train_policy
+
+    return train_policy(policy_config(args), inputs, ref_cache=StoreRefCache(args.db))
+
+
+RUNS = {"rm": _train_rm, "po": _train_po}
+
+
+def run(args) -> int:
+    """Train; on rank 0 register the model and print its metrics as the last stdout line."""
+    from annotation.store import Store
+    from service.engine.registry import register
+
+    replaced: list[str] = []
+    metrics = RUNS[args.kind](args, _snapshot_inputs(args, replaced))
+    if metrics is not None:  # None on non-zero ranks under torchrun
+        with Store(args.db) as store:
+            register(store, metrics, replaced)
+        print(json.dumps(metrics, default=str), flush=True)
+    return 0
+
+
+# --- eval ----------------------------------------------------------------------------------------
+
+
+def add_eval(sub) -> None:
+    p = sub.add_parser("eval", help="accuracy, calibration and length correlation of a reward model")
+    p.add_argument("model", metavar="MODEL", help="model id in the store or a model folder")
+    p.add_argument("--data", default=None, help="prompt/chosen/rejected rows or LLMBar JSON")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def run_eval(args) -> int:
+    from pathlib import Path
+
+    from rm.model.reward_model import TRAIN_CONFIG, RewardModel, read_json
+    from rm.train.evaluate import evaluate_rows, load_pairs_file
+
+    if Path(args.model).is_dir():
+        folder, config = args.model, read_json(Path(args.model) / TRAIN_CONFIG)
+    else:
+        folder, config = _registered(args.db, args.model)
+    rows = load_pairs_file(args.data) if args.data else _validation_rows(args.db, config)
+    model = RewardModel.load(folder, device=args.device)
+    print(json.dumps({"model_id": model.model_id, "path": str(folder), "data": args.data or "validation",
+                      **evaluate_rows(model, rows, args.batch_size)}, default=str), flush=True)
+    return 0
+
+
+def _registered(db: str, model_id: str) -> tuple[str, dict]:
+    """(folder, train config) of a registered model, its weights checked against the registry."""
+    from pathlib import Path
+
+    from annotation.store import Store
+    from rm.model.reward_model import TRAIN_CONFIG, read_json
+    from service.engine.registry import check_row
+
+    with Store(db, read_only=True) as store:
+        row = store.model(model_id)
+    folder = check_row(row)
+    return folder, {**read_json(Path(folder) / TRAIN_CONFIG), **(row.get("config") or {})}
+
+
+def _validation_rows(db: str, config: dict) -> list[dict]:
+    """The pairs of the model's snapshot that training held out."""
+    from annotation.store import Store
+    from rm.train.evaluate import validation_split
+
+    if not config.get("snapshot_id"):
+        raise ValueError("the model records no snapshot to take a validation split from; "
+                         "pass --data FILE")
+    with Store(db, read_only=True) as store:
+        rows = store.pairs(config["snapshot_id"]).to_pylist()
+    return validation_split(rows, config.get("val_fraction", 0.1))

@@ -1,0 +1,373 @@
+"""What one running server holds: settings, the store (the single DuckDB writer), the served model,
+the batcher and the metrics, with the operations the routes call.
+
+Concurrency: the event loop serves HTTP; one batcher thread runs every model forward (on a CPU with
+2 or more cores, one thread per forward process, service/engine/forward_pool.py); one store
+thread runs every DuckDB statement (DuckDB allows one writer, and one connection must not be used by
+two threads at once), so uploads, reports and model look-ups queue there in arrival order while
+/score never waits for the store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+from rm.verify.pool import VerifierPool
+from service.api.metrics import Metrics
+from service.api.payloads import Limits, PayloadError, text_chars
+from service.api.settings import Settings, plugins_setting
+from service.engine.advantages import PassRates
+from service.engine.batcher import Batcher
+from service.engine.encoder import EncodeQueue
+from service.engine.forward_pool import ForwardPool
+from service.engine.registry import check_row
+from service.engine.rewards import weights_setting
+
+log = logging.getLogger("bradley.service")
+UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
+                  "webhooks/label-studio": "label-studio"}
+# Tokenization never runs on the event loop (a 7.5 MB request took it 4.5 s, issue 14). Requests
+# with more characters than this go to a lane of their own, so a small request never waits behind
+# a large one's tokenization (each lane is one thread: they share the GIL with the loop, which the
+# interpreter hands over every switch interval: 0.5 ms while serving, service.api.app.tune_interpreter).
+SMALL_REQUEST_CHARS = 16_384
+# Padding allowed per real token while the batcher has not yet learned what the model's forwards
+# cost (service/engine/forward_plan.py), when BRADLEY_MAX_PADDING is unset; setting it keeps that limit
+# for good. On a CPU a padded token costs as much as a real one; a GPU wants big batches.
+AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
+# Padded tokens per forward when BRADLEY_MAX_BATCH_TOKENS is unset. On the H200 (bench/gpu/run.sh) a
+# forward of the 30-layer 135M model took 31 ms for 1 row and 36 ms for 64 rows of 300 tokens
+# (bf16; kernel launches, not arithmetic): 4,096-token forwards capped the offline rate at 198
+# items/s, where 64-row ones reach ~1,800. On a CPU the cost follows the tokens.
+AUTO_BATCH_TOKENS = {"cpu": 16384, "cuda": 65536}
+# what a verifier worker runs for a whole verifier-only /score request (service/engine/verify_whole.py)
+WHOLE_HANDLER = "service.engine.verify_whole:answer_in_worker"
+
+
+class NotReady(ValueError):
+    """No model is loaded yet (503)."""
+
+
+class Forbidden(ValueError):
+    """The request is understood but not allowed on this server (403)."""
+
+
+class NotFound(ValueError):
+    """A named thing (model, report) does not exist (404)."""
+
+
+class Unavailable(ValueError):
+    """A route whose feature is not in this release, or whose module has not been installed (501)."""
+
+
+class RowsRefused(ValueError):
+    """An upload with bad rows in abort mode: nothing was written (422). Worded for HTTP clients,
+    who choose the mode with `?on_error=`, not the CLI's `--on-error`."""
+
+    def __init__(self, errors: list[str], field: str | None = None):
+        more = f" (and {len(errors) - 1} more problems)" if len(errors) > 1 else ""
+        super().__init__(f"{errors[0] if errors else 'bad rows'}{more}; nothing was written (fix "
+                         "the rows, or send ?on_error=skip to keep the good ones)")
+        self.errors, self.field = errors, field
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    id: str
+    path: str
+    rm: object  # rm.model.reward_model.RewardModel (imported lazily: it pulls in torch); it tokenizes
+    pool: ForwardPool | None = None  # on a CPU: the processes that run its forwards
+
+    @property
+    def scorer(self) -> Callable[[list[list[int]]], list[float]]:
+        return self.pool.score_encoded if self.pool is not None else self.rm.score_encoded
+
+
+class Service:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self.metrics = Metrics()
+        self.limits = Limits(settings.max_items_per_request, settings.max_text_chars,
+                             max_get_reward_items=settings.max_get_reward_items)
+        self.anon_limits = Limits(settings.max_items_per_request, settings.max_text_chars,
+                                  settings.anon_max_request_chars, "callers without a key",
+                                  settings.max_get_reward_items)
+        self._encoders = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"bradley-tokenize-{lane}")
+                          for lane in ("small", "large")}
+        # small /score requests: many per tokenizer call (issue 20), the large lane one by one
+        self._batched_encoder = EncodeQueue("bradley-tokenize-batched")
+        self.batcher = Batcher(settings.max_batch_tokens or AUTO_BATCH_TOKENS["cpu"],
+                               settings.max_batch_items,
+                               settings.max_wait_ms / 1000, settings.max_queue_items,
+                               on_forward=self.metrics.on_forward)
+        self.metrics.queue_items.set_function(lambda: self.batcher.queued_items)
+        self.metrics.queue_limit.set(settings.max_queue_items)
+        self.metrics.model_ready.set_function(lambda: float(self.current is not None))
+        self.metrics.read_only.set(float(settings.read_only))
+        self.verifiers = VerifierPool(settings.verifier_workers, settings.verifier_timeout_s,
+                                      plugins_setting(settings.verifier_plugins),
+                                      on_status=self.metrics.on_verdict, whole=WHOLE_HANDLER,
+                                      whole_at=settings.verifier_whole_at)
+        self.reward_weights = weights_setting(settings.reward_weights)
+        self.pass_rates = PassRates()
+        self.store = None
+        self.current: LoadedModel | None = None
+        self._store_thread = ThreadPoolExecutor(1, thread_name_prefix="bradley-store")
+        self._swap_lock = threading.Lock()
+        self._started = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> Service:
+        """Open the store, load the configured model, start the batcher. Idempotent; raises
+        ValueError (with the fix) on a locked store or a missing model, before any port is bound."""
+        if self._started:
+            return self
+        self.store = _open_store(self.settings)
+        if self.settings.model:
+            self._install(self._load(self.settings.model))
+        self.batcher.start()
+        self._started = True
+        return self
+
+    def stop(self) -> None:
+        """Drain the scoring queue, finish queued store work, close the store."""
+        self._batched_encoder.close()  # first: what it still holds goes on to the batcher
+        drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
+        if not drained:
+            log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
+        if self.current is not None and self.current.pool is not None:
+            self.current.pool.close()  # a swapped-out model's pool closes when it is collected
+        self.verifiers.close()
+        self._store_thread.shutdown(wait=True)
+        for encoder in self._encoders.values():
+            encoder.shutdown(wait=True)
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+        self._started = False
+
+    # -- models ----------------------------------------------------------------------------------
+
+    def _load(self, ref: str) -> LoadedModel:
+        from rm.model.reward_model import RewardModel
+
+        model_id, path = self._resolve(ref)
+        rm = RewardModel.load(path, device=self.settings.device)
+        _set_threads(self.settings.torch_threads, rm.device.type)
+        model_id = model_id or rm.model_id or Path(path).name
+        processes = forward_processes(self.settings.forward_processes, rm.device.type)
+        _tokenize_alone(processes)
+        return LoadedModel(model_id, str(path), rm, ForwardPool(path, processes) if processes else None)
+
+    def _resolve(self, ref: str) -> tuple[str | None, str]:
+        """(store id or None for a bare folder, folder)."""
+        if Path(ref).is_dir():
+            return None, str(Path(ref).resolve())
+        if self.store is None:
+            raise NotFound(f"model {ref!r} is not a folder and no store is open; pass a model folder")
+        try:
+            row = self.call_store(self.store.model, ref)
+        except ValueError as exc:
+            raise NotFound(str(exc)) from None
+        return row["id"], check_row(row)  # a retired id or changed weights: refused
+
+    def _install(self, loaded: LoadedModel) -> None:
+        device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")
+        padding, tokens = self.settings.max_padding, self.settings.max_batch_tokens
+        self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
+        self.batcher.learn_cost = padding is None
+        self.batcher.max_batch_tokens = tokens or AUTO_BATCH_TOKENS.get(device, 65536)
+        if loaded.pool is not None:
+            self.batcher.start(loaded.pool.processes)  # one worker per process
+        self.current = loaded  # one reference swap: requests already tokenized keep the old model
+        self.metrics.on_model(loaded.id, loaded.rm.prompts,
+                              lambda: self.batcher.overhead_tokens(loaded.scorer))
+        log.info("serving model %s from %s", loaded.id, loaded.path)
+
+    async def load_model(self, ref: str) -> LoadedModel:
+        """Hot swap. Loading happens off the event loop while the old model keeps serving."""
+        def load_and_install():
+            with self._swap_lock:
+                loaded = self._load(ref)
+                self._install(loaded)
+                return loaded
+
+        return await asyncio.get_running_loop().run_in_executor(None, load_and_install)
+
+    async def models(self) -> list[dict]:
+        rows = await self.in_store(self.store.models) if self.store is not None else []
+        active = self.current.id if self.current else None
+        listed = [{**row, "active": row["id"] == active} for row in rows]
+        if self.current and not any(row["active"] for row in listed):
+            listed.append({"id": self.current.id, "path": self.current.path, "active": True})
+        return listed
+
+    # -- scoring ---------------------------------------------------------------------------------
+
+    def limits_for(self, caller) -> Limits:
+        """The request limits of a caller (`service.api.deps.Caller`): a budget without a key."""
+        return self.limits if caller.keyed else self.anon_limits
+
+    async def score(self, prompts: list, responses: list[str]) -> tuple[str, list[float]]:
+        loaded = self.current
+        if loaded is None:
+            raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
+        if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:  # tokenized, then scored
+            scores = await self._batched_encoder.encode(
+                loaded.rm, prompts, responses, then=partial(self.batcher.submit, loaded.scorer))
+        else:
+            ids = await asyncio.get_running_loop().run_in_executor(
+                self._encoders["large"], loaded.rm.encode, prompts, responses)
+            scores = await self.batcher.score(loaded.scorer, ids)
+        self.metrics.on_scores(loaded.id, responses, scores)
+        return loaded.id, scores
+
+    async def get_reward(self, req) -> tuple[str, list[float], list]:
+        """OpenRLHF's queries split by the served model's template (rm/model/template.py: split_query) and
+        scored like /score; returns (model id, scores, the Split of each query). A query that cannot
+        be split honestly is counted, and refused (422 naming it) under BRADLEY_STRICT_GET_REWARD=1."""
+        loaded = self.current
+        if loaded is None:
+            raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
+        splits = await self.split_queries(req)
+        _, scores = await self.score([s.prompt for s in splits], [s.response for s in splits])
+        return loaded.id, scores, splits
+
+    async def split_queries(self, req) -> list:
+        """Each query as (prompt, response): by the served model's template when a model is loaded;
+        without one (a verifier-only server) by the given prompt when it is a prefix, else unsplit."""
+        from rm.model.template import Split, split_query
+
+        loaded = self.current
+        given = req.prompts or [None] * len(req.queries)
+
+        def split_all():
+            if loaded is None:
+                return [Split(p, q[len(p):], "prompt_prefix") if p and q.startswith(p)
+                        else Split("", q, "unsplit") for q, p in zip(req.queries, given, strict=True)]
+            return [split_query(loaded.rm.tokenizer, q, p) for q, p in zip(req.queries, given, strict=True)]
+
+        # string work grows with the texts: off the event loop, in the tokenizer lane of this size
+        lane = "small" if text_chars([], req.queries) <= SMALL_REQUEST_CHARS else "large"
+        splits = await asyncio.get_running_loop().run_in_executor(self._encoders[lane], split_all)
+        for split in splits:
+            self.metrics.get_reward_splits.labels(split.how).inc()
+        unsplit = [i for i, s in enumerate(splits) if s.how == "unsplit"]
+        if unsplit and self.settings.strict_get_reward:
+            raise PayloadError(f"query[{unsplit[0]}]", f"{len(unsplit)} of {len(splits)} queries cannot "
+                               "be split into prompt + response (the prompt is not a prefix of the "
+                               "query and the query carries no chat template); send `prompts` that "
+                               "the queries start with, or unset BRADLEY_STRICT_GET_REWARD")
+        return splits
+
+    # -- the store -------------------------------------------------------------------------------
+
+    def call_store(self, fn, *args, **kwargs):
+        """Run on the store thread and wait (for callers that are already off the event loop)."""
+        return self._store_thread.submit(fn, *args, **kwargs).result()
+
+    async def in_store(self, fn, *args, **kwargs):
+        if self.store is None:
+            raise Forbidden("no store is open on this server (read-only replica without a database)")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._store_thread, lambda: fn(*args, **kwargs))
+
+    async def ingest(self, route: str, records: list[dict], on_error: str = "abort"):
+        if self.settings.read_only:
+            raise Forbidden("this server is read-only (--read-only); upload to the writer instead")
+        from annotation.ingest.batch import IngestError, ingest_records
+
+        def run():
+            return ingest_records(self.store, records, fmt=UPLOAD_FORMATS[route],
+                                  source=f"http:/{route}", on_error=on_error)
+
+        try:
+            result = await self.in_store(run)
+        except ValueError as exc:
+            self.metrics.on_ingest(route, 0, len(records), "rejected")
+            if isinstance(exc, IngestError):
+                raise RowsRefused(exc.errors, exc.field) from None
+            raise
+        outcome = "failed" if result.failed else ("duplicate" if result.duplicate else "ok")
+        self.metrics.on_ingest(route, result.rows_ok, result.rows_rejected, outcome)
+        return result
+
+    async def label_studio_event(self, kind: str, payload) -> dict:
+        """A Label Studio webhook event (service.api.webhook.webhook_event): a verdict is ingested
+        like an export (an edit replaces, a cancelled annotation retracts), deleted annotations are
+        retracted. An invalid annotation is a 422 naming it, and nothing is stored."""
+        from annotation.label_studio import ledger as ls_ledger
+        from annotation.label_studio import mapping as ls_mapping
+
+        route = "webhooks/label-studio"
+        if self.settings.read_only:
+            raise Forbidden("this server is read-only (--read-only); send webhooks to the writer")
+        ann = payload["annotations"][0] if kind == "verdict" else None
+        if kind == "deleted" or ann.get("was_cancelled"):
+            reason = "deleted" if kind == "deleted" else "cancelled"
+            gone = ({i: None for i in payload} if kind == "deleted"
+                    else {ann["id"]: ls_mapping.version(ann)})
+            retracted = await self.in_store(ls_ledger.remove, self.store, gone, reason,
+                                            f"http:/{route}")
+            return {reason: len(gone), "retracted": retracted}
+        try:
+            result = await self.ingest(route, [payload])
+        except RowsRefused as exc:
+            problem = exc.errors[0].partition(": ")[2].partition(": ")[2]  # after "where:line: field"
+            raise PayloadError(exc.field, f"{problem}; the annotation "
+                               "was not stored (Label Studio accepted it, bradley cannot read it "
+                               "as a verdict)") from None
+        return {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
+
+
+def forward_processes(setting: int | None, device: str) -> int:
+    """Forward processes for a model on `device`: on a CPU the setting, or one per usable core when
+    there are 2 or more; on a GPU none (one process keeps one copy of the weights on the device).
+
+    >>> forward_processes(None, "cuda"), forward_processes(3, "cpu"), forward_processes(0, "cpu")
+    (0, 3, 0)
+    """
+    if device != "cpu":
+        return 0
+    if setting is not None:
+        return setting
+    cores = len(os.sched_getaffinity(0))
+    return cores if cores >= 2 else 0
+
+
+def _set_threads(threads: int | None, device: str) -> None:
+    """One batcher thread runs every forward, so on a CPU it gets every core this process may use
+    (BRADLEY_TORCH_THREADS or OMP_NUM_THREADS override): the event loop needs a small share."""
+    import torch
+
+    if threads is None and device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+        threads = len(os.sched_getaffinity(0))
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def _tokenize_alone(processes: int) -> None:
+    """With a forward process on every core, the fast tokenizer's own thread pool (Rayon) finds no
+    free core and spins waiting for work, so the tokenizer thread encodes alone. The library reads
+    TOKENIZERS_PARALLELISM at each call; an operator's own setting is kept. Issue 20, tiny model,
+    64 single-sample clients, 11 alternating pairs: server process 0.47 against 0.51 ms of CPU per
+    request, items/s higher in 10 (median +3%)."""
+    if processes and "TOKENIZERS_PARALLELISM" not in os.environ:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def _open_store(settings: Settings):
+    from annotation.store import Store
+
+    if settings.read_only:
+        return Store(settings.db, read_only=True) if Path(settings.db).exists() else None
+    return Store(settings.db)
