@@ -14,10 +14,11 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from annotation.simulate import BAD_WORDS, GOOD_WORDS
-from service.cli import main as cli
 from service.cli.ports import free_port
 
 # The demo's reward model learns the simulator's signal: quality shows as the share of good words
@@ -42,8 +43,8 @@ def _step(title: str) -> None:
     print(f"\n=== {title} ===", flush=True)
 
 
-def _bradley(db: str, *argv: str) -> None:
-    status = cli.main(["--db", db, *argv])
+def _bradley(command: Callable[[list[str]], int], db: str, *argv: str) -> None:
+    status = command(["--db", db, *argv])
     if status:
         raise SystemExit(f"demo step `bradley {' '.join(argv)}` failed with exit code {status}")
 
@@ -94,31 +95,34 @@ def grade_group(client) -> list[str]:
     return lines
 
 
-def run(workdir: str = "demo", db: str | None = None, seed: int = 0) -> int:
+def run(command: Callable[[list[str]], int], workdir: str = "demo", db: str | None = None,
+        seed: int = 0) -> int:
+    """The demo, each step through `command`: the CLI's own entry point, handed in by the CLI."""
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
     db = db or str(work / "bradley.duckdb")
     data = str(work / "judgments.jsonl")
     started = time.perf_counter()
+    bradley = partial(_bradley, command, db)
 
     _step("1. simulate judgments with known truth")
-    _bradley(db, "simulate", data, "--prompts", "300", "--responses", "4", "--raters", "8",
+    bradley("simulate", data, "--prompts", "300", "--responses", "4", "--raters", "8",
              "--length-bias", "1.5",
              "--seed", str(seed))
     _step("2. ingest")
-    _bradley(db, "ingest", data)
+    bradley("ingest", data)
     _step("3. report (what the data allows before training)")
-    _bradley(db, "report", "--html", str(work / "report.html"), "--json", str(work / "report.json"))
+    bradley("report", "--html", str(work / "report.html"), "--json", str(work / "report.json"))
     print(f"HTML report: {work / 'report.html'}")
     _step("4. train a small Bradley-Terry reward model")
     # --overwrite: a second demo in the same folder replaces (and retires) the first demo's models
-    _bradley(db, "train", "rm", "--base-model", "tiny", "--epochs", "3",
+    bradley("train", "rm", "--base-model", "tiny", "--epochs", "3",
              "--out", str(work / "rm-tiny"), "--overwrite")
     model = _latest_model(db, "rm")
     _step("5. evaluate it")
-    _bradley(db, "eval", model["id"])
+    bradley("eval", model["id"])
     _step("6. a short DPO run on a tiny policy (watch the margin rise)")
-    _bradley(db, "train", "po", "--loss", "dpo", "--base-model", "tiny", "--steps", "30",
+    bradley("train", "po", "--loss", "dpo", "--base-model", "tiny", "--steps", "30",
              "--out", str(work / "dpo-tiny"), "--overwrite")
     policy = _latest_model(db, "dpo")["metrics"]
     # Per-step margins are single batches of 8 and noisy; the held-out split shows the trend.

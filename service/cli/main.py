@@ -196,7 +196,7 @@ def _add_demo(sub) -> None:
 def cmd_demo(args) -> int:
     from service.cli import demo
 
-    return demo.run(args.workdir, db=args.db, seed=args.seed)
+    return demo.run(main, args.workdir, db=args.db, seed=args.seed)
 
 
 # what `--server URL` sends to a running `bradley serve`: service/cli/remote.py, a function each
