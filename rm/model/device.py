@@ -131,8 +131,8 @@ def set_threads(device: torch.device, info: Dist, n_params: int | None = None) -
     """Set CPU threads for this rank and return the previous count (to restore it).
 
     The cores are shared among ranks. A model under SMALL_MODEL parameters gets one thread: its ops
-    are too short to split, and thread hand-offs cost more than they save (a 0.16M-parameter step:
-    12 ms on one thread, 325 ms on two, on a busy 2-core machine). OMP_NUM_THREADS overrides both.
+    are too short to split, and thread hand-offs cost more than they save. OMP_NUM_THREADS overrides
+    both.
     """
     previous = torch.get_num_threads()
     if device.type == "cpu" and "OMP_NUM_THREADS" not in os.environ:

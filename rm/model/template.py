@@ -94,8 +94,7 @@ def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = Fal
     it: the messages, no tools or documents, the generation flag and the tokenizer's special tokens
     (transformers 5.25, tokenization_utils_base.py `apply_chat_template` and
     utils/chat_template_utils.py `render_jinja_template`). That skips the method's checks and
-    copies of inputs that are already plain, the tokenizer thread's largest Python cost per /score
-    item (issue 20). Whether a tokenizer's template renders the same both ways is checked on probe
+    copies of inputs that are already plain, the largest Python cost of rendering a /score item. Whether a tokenizer's template renders the same both ways is checked on probe
     conversations first (`_direct`); where it does not, for an empty conversation (which the
     method refuses) and for any other message, the method renders.
 

@@ -186,7 +186,7 @@ def _head_ids(tokenizer, keys: list, parts: list[tuple[str, str]], known: list,
 def _ids_batch(tokenizer, texts: list[str], add_special_tokens: bool) -> list[list[int]]:
     """Token ids of many texts: straight from the Rust tokenizer when it is a plain one (no
     truncation or padding configured, which the transformers wrapper would otherwise switch off
-    first), without the wrapper's per-item Python (offsets, dicts): the same ids for ~12% less
+    first), without the wrapper's per-item Python (offsets, dicts): the same ids, in less
     time; slow tokenizers go through the wrapper."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or backend.truncation is not None or backend.padding is not None:

@@ -206,7 +206,7 @@ def train_loop(model: torch.nn.Module, objective: Callable, train_batches, val_b
     net = WRAPPERS[wrapping](model.to(device).train(), device, info)
     params = [p for p in net.parameters() if p.requires_grad]
     lr = DEFAULT_LR if config.lr is None else config.lr
-    # one fused kernel instead of a loop over parameters: 5 ms instead of 19 ms a step at 4.5M
+    # one fused kernel instead of a Python loop over the parameters
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=config.weight_decay,
                             fused=device.type in FUSED_ADAMW and not devices.is_sharded(net))
     warmup = int(config.warmup_ratio * total)

@@ -129,8 +129,8 @@ def new_model_folder(kind: str, out: str | None) -> tuple[str, Path]:
 
 def new_plan(kind: str, out: str | None, given: RunInputs) -> dict:
     """Rank 0: ids, the partial folder, and the inputs frozen as Arrow IPC files under its `_work/`
-    (IPC rather than Parquet: reading a Parquet file loads Arrow's dataset libraries, ~70 MB of
-    resident memory a training process would carry to its end)."""
+    (IPC rather than Parquet: reading a Parquet file loads Arrow's dataset libraries, resident
+    memory a training process would carry to its end)."""
     model_id, folder = new_model_folder(kind, out)
     partial = folder.parent / f".{folder.name}.partial-{model_id}"
     (partial / "_work").mkdir(parents=True)
