@@ -62,9 +62,9 @@ def build_model(rows: list[dict], folder: Path) -> int:
 def run_ours(args, folder: Path, train_rows: list[dict], val_rows: list[dict]) -> dict:
     import torch
 
+    from rm.eval.pairs import accuracy
     from rm.model.reward_model import RewardModel, RewardNet, load_backbone
     from rm.train import reward_data as data
-    from rm.train.evaluate import accuracy
     from rm.train.loop import TrainConfig, train_loop
     from rm.train.objectives import bt_objective
 

@@ -34,8 +34,8 @@ _HOMES = {
     "train_policy": "rm.train.policy",
     # losses (pure functions) and evaluation
     "LOSSES": "rm.train.losses",
-    "evaluate_rows": "rm.train.evaluate",
-    "load_pairs_file": "rm.train.evaluate",
+    "evaluate_rows": "rm.eval.pairs",
+    "load_pairs_file": "rm.eval.pairs",
     # AI judges and rule-based verifiers
     "make_judge": "rm.judge",
     "VERIFIERS": "rm.verify.rules",

@@ -214,8 +214,8 @@ def add_eval(sub) -> None:
 def run_eval(args) -> int:
     from pathlib import Path
 
+    from rm.eval.pairs import evaluate_rows, load_pairs_file
     from rm.model.reward_model import TRAIN_CONFIG, RewardModel, read_json
-    from rm.train.evaluate import evaluate_rows, load_pairs_file
 
     if Path(args.model).is_dir():
         folder, config = args.model, read_json(Path(args.model) / TRAIN_CONFIG)
@@ -245,7 +245,7 @@ def _registered(db: str, model_id: str) -> tuple[str, dict]:
 def _validation_rows(db: str, config: dict) -> list[dict]:
     """The pairs of the model's snapshot that training held out."""
     from annotation.store import Store
-    from rm.train.evaluate import validation_split
+    from rm.eval.pairs import validation_split
 
     if not config.get("snapshot_id"):
         raise ValueError("the model records no snapshot to take a validation split from; "

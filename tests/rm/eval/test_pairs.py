@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from annotation.store import Store
-from rm.train.evaluate import (
+from rm.eval.pairs import (
     accuracy,
     expected_calibration_error,
     length_correlation,
