@@ -17,6 +17,7 @@ import json
 import uuid
 
 from annotation.ids import canonical_json, content_id
+from annotation.store_errors import StoreError
 
 RATER_KINDS = {"human": "human:", "ai": "ai:"}
 
@@ -51,8 +52,6 @@ class SnapshotQueries:
             return None, rater_prefix(raters)
         row = self.con.execute("SELECT filter FROM snapshots WHERE id = ?", [snapshot_id]).fetchone()
         if row is None:
-            from annotation.store import StoreError  # store.py imports this module
-
             raise StoreError(f"snapshot {snapshot_id!r} not found; list them with `bradley snapshots`")
         filt = json.loads(row[0])
         return filt["max_batch_seq"], filt["rater_prefix"]

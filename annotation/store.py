@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from annotation.ids import canonical_json
 from annotation.snapshots import RATER_KINDS, SnapshotQueries, rater_prefix  # noqa: F401 (re-exported)
+from annotation.store_errors import StoreError, StoreLockedError  # callers import them from here too
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 1
@@ -31,14 +32,6 @@ MIGRATIONS: dict[int, str] = {}
 
 TABLES = ("prompts", "responses", "judgments", "feedback", "batches", "rejects",
           "snapshots", "models", "ref_logps")
-
-
-class StoreError(ValueError):
-    """A problem with the store that the user can fix; the message says how."""
-
-
-class StoreLockedError(StoreError):
-    """Another process holds the DuckDB file (DuckDB allows one writer, and no reader beside it)."""
 
 
 @dataclass
