@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from annotation.rlaif.constitution import load_constitution, plan
+from annotation.rlaif.constitution import load_constitution
+from annotation.rlaif.orders import plan
 from rm.judge.local import LocalJudge
 from rm.model.reward_model import build_tiny_causal_lm
 

@@ -1,8 +1,8 @@
 """`bradley label`: an LLM judge labels comparisons against a constitution (RLAIF).
 
 The edge composes the layers: store → comparisons → judge prompts (annotation.rlaif.constitution) → judge
-(rm.judge.local) → verdict rows, both presentation orders → one ingest batch (source `rlaif`). Nothing is
-written until every comparison is judged, so a bad judge or a dead server leaves the store as it
+(rm.judge.local) → judgment rows, both presentation orders (annotation.rlaif.orders) → one ingest batch
+(source `rlaif`). Nothing is written until every comparison is judged, so a bad judge or a dead server leaves the store as it
 was. The last stdout line is one JSON object: pairs judged, judgments written, forwards, seconds,
 pairs/s, position consistency, ties, failures and the rater id.
 """
@@ -99,7 +99,7 @@ def _judge(args, constitution):
 
 
 def _comparisons(store, args, rater: str) -> list:
-    from annotation.rlaif.constitution import Comparison
+    from annotation.rlaif.orders import Comparison
 
     table = store.comparisons(args.raters_prefix, rater if args.pairs == "unlabeled" else None,
                               args.limit)
@@ -108,7 +108,7 @@ def _comparisons(store, args, rater: str) -> list:
 
 
 def _label(store, judge, constitution, comparisons, rater, args) -> dict:
-    from annotation.rlaif.constitution import plan
+    from annotation.rlaif.orders import plan
 
     tasks = plan([c.key for c in comparisons], constitution, args.principles, args.seed)
     probs: dict[tuple[int, str], list[tuple[float, float]]] = {}
@@ -137,7 +137,7 @@ def _item(c, order: str, principle: str) -> tuple:
 
 def _write(store, constitution, comparisons, probs, rater, failures, judge) -> dict:
     from annotation.ingest.batch import ingest_records
-    from annotation.rlaif.constitution import collapsed_verdict, verdict_row, weighted_mean
+    from annotation.rlaif.orders import collapsed_winner, judgment_row, weighted_mean
 
     rows, both, consistent, ties = [], 0, 0, 0
     for i, c in enumerate(comparisons):
@@ -148,11 +148,11 @@ def _write(store, constitution, comparisons, probs, rater, failures, judge) -> d
                 continue
             p[order] = weighted_mean([g[0] for g in got], [g[1] for g in got])
             texts = [constitution.principles[g[2]].text for g in got]
-            rows.append(verdict_row(c, order, p[order], texts, rater))
+            rows.append(judgment_row(c, order, p[order], texts, rater))
         if len(p) == 2:
             both += 1
             consistent += (p["ab"] > 0.5) == (p["ba"] < 0.5)
-            ties += collapsed_verdict(p["ab"], p["ba"]) == "tie"
+            ties += collapsed_winner(p["ab"], p["ba"]) == "tie"
     written, batch = 0, None
     if rows:
         result = ingest_records(store, rows, fmt="judgments", source=f"rlaif:{constitution.name}")

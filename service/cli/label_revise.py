@@ -38,7 +38,7 @@ def read_prompts(path: str) -> list[str]:
 
 
 def generate_comparisons(args) -> list:
-    from annotation.rlaif.constitution import Comparison
+    from annotation.rlaif.orders import Comparison
     from rm.judge.generate import sample
     from rm.judge.local import load_judge_model
 
@@ -58,7 +58,7 @@ def generate_comparisons(args) -> list:
 
 def revise(store, judge, constitution, comparisons, rater, args) -> dict:
     from annotation.ingest.batch import ingest_records
-    from annotation.rlaif.constitution import critique_prompt, plan, revision_prompt
+    from annotation.rlaif.orders import critique_prompt, plan, revision_prompt
 
     if not hasattr(judge, "model"):
         raise ValueError("--revise needs a local judge (local:PATH): it writes text with the model")

@@ -6,14 +6,8 @@ from pathlib import Path
 import pytest
 
 from annotation.ingest.batch import ingest_records
-from annotation.rlaif.constitution import (
-    Comparison,
-    ConstitutionError,
-    collapsed_verdict,
-    load_constitution,
-    plan,
-    verdict_row,
-)
+from annotation.rlaif.constitution import ConstitutionError, load_constitution
+from annotation.rlaif.orders import Comparison, collapsed_winner, judgment_row, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 GOOD = '''name = "t"
@@ -80,11 +74,11 @@ def test_prefix_shared_by_principles_holds_both_responses():
     assert c.render("Q?", "x", "y", "P?").endswith("The answer is: (")
 
 
-def test_collapsed_verdict_hand_cases():
-    assert collapsed_verdict(0.9, 0.9) == "tie"   # position bias: first shown wins both times
-    assert collapsed_verdict(0.55, 0.55) == "tie"  # mean exactly 1/2
-    assert collapsed_verdict(0.7, 0.45) == "a"     # (0.7 + 0.55) / 2 = 0.625
-    assert collapsed_verdict(0.45, 0.7) == "b"
+def test_collapsed_winner_hand_cases():
+    assert collapsed_winner(0.9, 0.9) == "tie"   # position bias: first shown wins both times
+    assert collapsed_winner(0.55, 0.55) == "tie"  # mean exactly 1/2
+    assert collapsed_winner(0.7, 0.45) == "a"     # (0.7 + 0.55) / 2 = 0.625
+    assert collapsed_winner(0.45, 0.7) == "b"
 
 
 def judgment(a, b, winner, rater, strength=None, source="judgments"):
@@ -123,7 +117,7 @@ def test_ai_alone_soft_label_is_the_order_mean(store):
 def test_position_biased_judge_is_one_tie(store):
     rater = "ai:m:c@00000000"
     c = Comparison("Which fruit is red?", None, "x", "y")
-    rows = [verdict_row(c, "ab", 0.9, ["p"], rater), verdict_row(c, "ba", 0.9, ["p"], rater)]
+    rows = [judgment_row(c, "ab", 0.9, ["p"], rater), judgment_row(c, "ba", 0.9, ["p"], rater)]
     ingest_records(store, rows, fmt="judgments", source="t")
     row = one_pair(store)
     assert (row["ties"], row["votes_chosen"], row["n_votes"], row["p_chosen"]) == (1, 0, 1, 0.5)

@@ -177,8 +177,8 @@ def agreement(p_local: dict, p_served: dict) -> dict:
     """How far two judges' verdicts on the same presentations differ: per presentation |ΔP(first)|,
     the share of presentations on the same side of 1/2, and per comparison (both orders) whether
     the order-averaged P(a better) points the same way and whether the verdict the store counts
-    (annotation/rlaif/constitution.py collapsed_verdict: a, b or a tie) is the same."""
-    from annotation.rlaif.constitution import collapsed_verdict, order_probability
+    (annotation/rlaif/orders.py collapsed_winner: a, b or a tie) is the same."""
+    from annotation.rlaif.orders import collapsed_winner, order_probability
 
     keys = sorted(p_local)
     diffs = [abs(p_local[k] - p_served[k]) for k in keys]
@@ -186,7 +186,7 @@ def agreement(p_local: dict, p_served: dict) -> dict:
     both = {name: [(p[k], p[(k[0], k[2], k[1])]) for k in pairs]
             for name, p in (("local", p_local), ("served", p_served))}
     side = {name: [order_probability(*o) > 0.5 for o in orders] for name, orders in both.items()}
-    verdict = {name: [collapsed_verdict(*o) for o in orders] for name, orders in both.items()}
+    verdict = {name: [collapsed_winner(*o) for o in orders] for name, orders in both.items()}
     return {"presentations": len(keys), "comparisons": len(pairs),
             "max_abs_diff": round(max(diffs), 4), "mean_abs_diff": round(sum(diffs) / len(diffs), 4),
             "same_side_presentations": sum((p_local[k] > 0.5) == (p_served[k] > 0.5) for k in keys),
