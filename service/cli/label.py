@@ -2,9 +2,9 @@
 
 The edge composes the layers: store → comparisons → judge prompts (annotation.rlaif.constitution) → judge
 (rm.judge.local) → judgment rows, both presentation orders (annotation.rlaif.orders) → one ingest batch
-(source `rlaif`). Nothing is written until every comparison is judged, so a bad judge or a dead server leaves the store as it
-was. The last stdout line is one JSON object: pairs judged, judgments written, forwards, seconds,
-pairs/s, position consistency, ties, failures and the rater id.
+(source `rlaif`). Nothing is written until every comparison is judged, so a bad judge or a dead
+server leaves the store as it was. The last stdout line is one JSON object: pairs judged, judgments
+written, forwards, seconds, pairs/s, position consistency, ties, failures and the rater id.
 """
 
 from __future__ import annotations
