@@ -2,7 +2,7 @@
 
 Each subcommand is a pair: `_add_<name>(subparsers)` declares its arguments, `cmd_<name>(args)` calls
 the library and prints; larger ones live in a module of their own (service/cli/train.py: `train`,
-`eval`) and are only registered in COMMANDS here. Heavy imports (torch, transformers) happen inside the command that needs them,
+service/cli/eval.py: `eval`) and are only registered in COMMANDS here. Heavy imports (torch, transformers) happen inside the command that needs them,
 so `bradley --help` stays fast.
 """
 
@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Callable
 
+from service.cli import eval as cli_eval
 from service.cli import label as cli_label  # subcommands in modules of their own
 from service.cli import label_studio as cli_label_studio
 from service.cli import snapshots as cli_snapshots
@@ -207,7 +208,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "simulate": (_add_simulate, cmd_simulate),
     "report": (_add_report, cmd_report),
     "train": (cli_train.add, cli_train.run),
-    "eval": (cli_train.add_eval, cli_train.run_eval),
+    "eval": (cli_eval.add, cli_eval.run),
     "label": (cli_label.add, cli_label.run),
     "label-studio": (cli_label_studio.add, cli_label_studio.run),
     "serve": (_add_serve, cmd_serve),

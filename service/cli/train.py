@@ -1,4 +1,4 @@
-"""`bradley train rm|po` and `bradley eval`: arguments → typed run configs, the store's snapshot
+"""`bradley train rm|po`: arguments → typed run configs, the store's snapshot
 handed to rm/ as rows with its loss floors, the model registered afterwards.
 
 The library (rm/train/reward.py, rm/train/policy.py) never opens the store: this edge reads the
@@ -198,58 +198,3 @@ def run(args) -> int:
             register(store, metrics, replaced)
         print(json.dumps(metrics, default=str), flush=True)
     return 0
-
-
-# --- eval ----------------------------------------------------------------------------------------
-
-
-def add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="accuracy, calibration and length correlation of a reward model")
-    p.add_argument("model", metavar="MODEL", help="model id in the store or a model folder")
-    p.add_argument("--data", default=None, help="prompt/chosen/rejected rows or LLMBar JSON")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=16)
-
-
-def run_eval(args) -> int:
-    from pathlib import Path
-
-    from rm.eval.pairs import evaluate_rows, load_pairs_file
-    from rm.model.reward_model import TRAIN_CONFIG, RewardModel, read_json
-
-    if Path(args.model).is_dir():
-        folder, config = args.model, read_json(Path(args.model) / TRAIN_CONFIG)
-    else:
-        folder, config = _registered(args.db, args.model)
-    rows = load_pairs_file(args.data) if args.data else _validation_rows(args.db, config)
-    model = RewardModel.load(folder, device=args.device)
-    print(json.dumps({"model_id": model.model_id, "path": str(folder), "data": args.data or "validation",
-                      **evaluate_rows(model, rows, args.batch_size)}, default=str), flush=True)
-    return 0
-
-
-def _registered(db: str, model_id: str) -> tuple[str, dict]:
-    """(folder, train config) of a registered model, its weights checked against the registry."""
-    from pathlib import Path
-
-    from annotation.store import Store
-    from rm.model.reward_model import TRAIN_CONFIG, read_json
-    from service.engine.registry import check_row
-
-    with Store(db, read_only=True) as store:
-        row = store.model(model_id)
-    folder = check_row(row)
-    return folder, {**read_json(Path(folder) / TRAIN_CONFIG), **(row.get("config") or {})}
-
-
-def _validation_rows(db: str, config: dict) -> list[dict]:
-    """The pairs of the model's snapshot that training held out."""
-    from annotation.store import Store
-    from rm.eval.pairs import validation_split
-
-    if not config.get("snapshot_id"):
-        raise ValueError("the model records no snapshot to take a validation split from; "
-                         "pass --data FILE")
-    with Store(db, read_only=True) as store:
-        rows = store.pairs(config["snapshot_id"]).to_pylist()
-    return validation_split(rows, config.get("val_fraction", 0.1))

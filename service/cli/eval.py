@@ -1,0 +1,189 @@
+"""`bradley eval MODEL [--data FILE] [--benchmark rewardbench|rewardbench2] [--server URL]
+[--html OUT]`: a reward model's accuracy on pairs (rm/eval/pairs.py), or a leaderboard's file scored by
+its rules (rm/eval/benchmarks.py).
+
+The model is a store id or a folder, loaded here; with `--server URL` the same file is scored through
+that running `bradley serve`'s /score instead, after checking that it serves MODEL, so a served model
+gets the numbers the local one gets. The last stdout line is the JSON result; a table goes to stderr
+and `--html OUT` writes a page with a per-subset bar chart (service/cli/eval_html.py).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from service.client import MAX_ITEMS, ClientError
+
+BENCHMARKS = ("rewardbench", "rewardbench2")
+REQUEST_BYTES = 4 * 1024 * 1024  # first guess at a /score body; halved while the server says 413
+
+
+def add(sub) -> None:
+    p = sub.add_parser("eval", help="accuracy, calibration and length correlation of a reward model, "
+                                    "or its RewardBench / RewardBench 2 scores")
+    p.add_argument("model", metavar="MODEL", help="model id in the store or a model folder")
+    p.add_argument("--data", default=None, help="prompt/chosen/rejected rows or LLMBar JSON; with "
+                   "--benchmark, the benchmark's own Parquet or JSONL file")
+    p.add_argument("--benchmark", default=None, choices=BENCHMARKS,
+                   help="score --data by the leaderboard's rules: subsets, sections and overall score")
+    p.add_argument("--server", dest="score_server", default=None, metavar="URL",
+                   help="score through this running `bradley serve` (which must serve MODEL) "
+                        "instead of loading the model; key from env BRADLEY_API_KEY")
+    p.add_argument("--html", default=None, metavar="OUT", help="also write an HTML page with a "
+                   "per-subset bar chart")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=16)
+
+
+def run(args) -> int:
+    if args.benchmark and not args.data:
+        raise ValueError("--benchmark needs --data FILE: the benchmark's Parquet or JSONL file")
+    if args.score_server and not args.data:
+        raise ValueError("--server needs --data FILE; the validation split is read from the store "
+                         "beside a local model")
+    if args.score_server:
+        from service.cli.remote import server
+
+        rows = _rows(args, {})
+        with server(args.score_server, f"eval through {args.score_server}") as client:
+            scorer = ServedScorer(client, expected_model_id(args.model))
+            result = {"model_id": scorer.model_id, "server": args.score_server,
+                      "data": args.data, **_evaluate(args, scorer, rows)}
+    else:
+        from rm.model.reward_model import RewardModel
+
+        folder, config = _folder_and_config(args)
+        rows = _rows(args, config)
+        model = RewardModel.load(folder, device=args.device)
+        result = {"model_id": model.model_id, "path": str(folder), "data": args.data or "validation",
+                  **_evaluate(args, model, rows)}
+    _report(args, result)
+    print(json.dumps(result, default=str), flush=True)
+    return 0
+
+
+def _rows(args, config: dict) -> list[dict]:
+    if args.benchmark:
+        from rm.eval.benchmarks import read_benchmark
+
+        return read_benchmark(args.data, args.benchmark)
+    if args.data:
+        from rm.eval.pairs import load_pairs_file
+
+        return load_pairs_file(args.data)
+    return _validation_rows(args.db, config)
+
+
+def _evaluate(args, scorer, rows: list[dict]) -> dict:
+    """The benchmark's scores, or the pairs statistics; `scorer.score(prompts, responses,
+    batch_size=)` is a RewardModel's or a ServedScorer's."""
+    if args.benchmark:
+        from rm.eval.benchmarks import evaluate_benchmark
+
+        def score(prompts, responses):
+            return scorer.score(prompts, responses, batch_size=args.batch_size)
+
+        return evaluate_benchmark(score, rows, args.benchmark)
+    from rm.eval.pairs import evaluate_rows
+
+    return evaluate_rows(scorer, rows, args.batch_size)
+
+
+def _report(args, result: dict) -> None:
+    from service.cli.eval_html import table, write_html
+
+    print(table(result), file=sys.stderr, flush=True)
+    if args.html:
+        write_html(args.html, result)
+
+
+# --- the model: a folder, a registered id, or a server ----------------------------------------
+
+
+def _folder_and_config(args) -> tuple[str, dict]:
+    from rm.model.reward_model import TRAIN_CONFIG, read_json
+
+    if Path(args.model).is_dir():
+        return args.model, read_json(Path(args.model) / TRAIN_CONFIG)
+    return _registered(args.db, args.model)
+
+
+def _registered(db: str, model_id: str) -> tuple[str, dict]:
+    """(folder, train config) of a registered model, its weights checked against the registry."""
+    from annotation.store import Store
+    from rm.model.reward_model import TRAIN_CONFIG, read_json
+    from service.engine.registry import check_row
+
+    with Store(db, read_only=True) as store:
+        row = store.model(model_id)
+    folder = check_row(row)
+    return folder, {**read_json(Path(folder) / TRAIN_CONFIG), **(row.get("config") or {})}
+
+
+def _validation_rows(db: str, config: dict) -> list[dict]:
+    """The pairs of the model's snapshot that training held out."""
+    from annotation.store import Store
+    from rm.eval.pairs import validation_split
+
+    if not config.get("snapshot_id"):
+        raise ValueError("the model records no snapshot to take a validation split from; "
+                         "pass --data FILE")
+    with Store(db, read_only=True) as store:
+        rows = store.pairs(config["snapshot_id"]).to_pylist()
+    return validation_split(rows, config.get("val_fraction", 0.1))
+
+
+def expected_model_id(model: str) -> str:
+    """The id a server reports for MODEL: a folder's recorded model_id (else its name, as
+    RewardModel.load names it), or MODEL itself."""
+    from rm.model.reward_model import TRAIN_CONFIG, read_json
+
+    folder = Path(model)
+    if folder.is_dir():
+        config = read_json(folder / TRAIN_CONFIG) if (folder / TRAIN_CONFIG).is_file() else {}
+        return config.get("model_id", folder.name)
+    return model
+
+
+class ServedScorer:
+    """Scores through a server's /score in requests of at most MAX_ITEMS items and `budget` bytes
+    (halved while the server answers 413), each answer checked to come from `model_id`."""
+
+    def __init__(self, client, model_id: str):
+        served = client.request("GET", "/readyz").get("model")
+        if served != model_id:
+            raise ValueError(f"{client.url} serves {served}, not {model_id}; evaluate {served}, or "
+                             f"load {model_id} there first (POST /models/{model_id}/load)")
+        self.client, self.model_id, self.budget = client, model_id, REQUEST_BYTES
+
+    def score(self, prompts: list, responses: list, batch_size: int | None = None) -> list[float]:
+        scores: list[float] = []
+        start = 0
+        while start < len(responses):
+            end = self._chunk_end(prompts, responses, start)
+            try:
+                answer = self.client.score_full(prompts[start:end], responses[start:end])
+            except ClientError as exc:
+                if exc.status != 413 or end - start == 1:
+                    raise
+                self.budget //= 2
+                continue
+            if answer.get("model") != self.model_id:
+                raise ValueError(f"{self.client.url} switched from {self.model_id} to "
+                                 f"{answer.get('model')} during the evaluation; run it again")
+            scores += answer["scores"]
+            start = end
+        return scores
+
+    def _chunk_end(self, prompts: list, responses: list, start: int) -> int:
+        """The end of the longest run of items from `start` whose JSON fits the byte budget (at
+        least one item)."""
+        size, end = 0, start
+        while end < len(responses) and end - start < MAX_ITEMS:
+            size += len(json.dumps({"prompt": prompts[end], "response": responses[end]})) + 2
+            if size > self.budget and end > start:
+                break
+            end += 1
+        return end
