@@ -14,7 +14,8 @@ import numpy as np
 RIDGE = 1e-6         # keeps separated groups (a response that always wins) finite; costs < 1e-4 nats
 NEWTON_STEPS = 100
 NEWTON_TOLERANCE = 1e-8
-MAX_BLOCK = 4_000_000  # groups × K² Hessian entries solved at once (memory bound, ~32 MB)
+MAX_BLOCK = 1 << 18  # groups × K² Hessian entries solved at once (2 MB: blocks that outgrow the
+                     # CPU cache make the fit slower per group as the store grows)
 PRIOR_GRID = (0.1, 0.3, 1.0, 3.0)  # prior precisions `choose_prior` picks from
 
 
@@ -40,10 +41,11 @@ def bradley_terry_fit(group: np.ndarray, i: np.ndarray, j: np.ndarray, n: np.nda
     if len(n) == 0:
         return theta
     node_group, local, size = _local_indices(group, i, j, len(theta))
+    item_size = size[group]
     for k in np.unique(size[size > 1]):
-        in_block = size[group] == k
-        _fit_block(int(k), group[in_block], local[i[in_block]], local[j[in_block]],
-                   n[in_block], wins[in_block], node_group, local, theta, ridge)
+        mine = np.flatnonzero(item_size == k)
+        items = (group[mine], local[i[mine]], local[j[mine]], n[mine], wins[mine])
+        _fit_size(int(k), items, node_group, local, size, theta, ridge)
     return theta
 
 
@@ -73,34 +75,49 @@ def _local_indices(group, i, j, n_nodes):
     return node_group, local, size
 
 
-def _fit_block(k, group, li, lj, n, wins, node_group, local, theta, ridge):
-    """Newton with step halving on every group of size k at once, in chunks that bound memory."""
+def _fit_size(k, items, node_group, local, size, theta, ridge):
+    """Newton on every group of size k, in blocks of consecutive groups that bound memory. Items and
+    nodes are sorted by group once (stably: each group's sums add up in the same order), so a
+    block's items and nodes are slices, not a search over all of them."""
+    order = np.argsort(items[0], kind="stable")
+    group, li, lj, n, wins = (x[order] for x in items)
+    nodes = np.flatnonzero((node_group >= 0) & (size[np.maximum(node_group, 0)] == k))
+    nodes = nodes[np.argsort(node_group[nodes], kind="stable")]
     groups = np.unique(group)
-    per_chunk = max(1, MAX_BLOCK // (k * k))
-    for lo in range(0, len(groups), per_chunk):
-        chunk = groups[lo:lo + per_chunk]
-        rows = np.searchsorted(chunk, group)
-        mine = (rows < len(chunk)) & (chunk[np.minimum(rows, len(chunk) - 1)] == group)
-        block = _newton(k, len(chunk), (rows[mine], li[mine], lj[mine], n[mine], wins[mine]), ridge)
-        nodes = np.flatnonzero(np.isin(node_group, chunk))
-        theta[nodes] = block[np.searchsorted(chunk, node_group[nodes]), local[nodes]]
+    per_block = max(1, MAX_BLOCK // (k * k))
+    for first in range(0, len(groups), per_block):
+        block = groups[first:first + per_block]
+        at = _between(group, block)
+        fitted = _newton(k, len(block), (np.searchsorted(block, group[at]), li[at], lj[at], n[at],
+                                         wins[at]), ridge)
+        mine = nodes[_between(node_group[nodes], block)]
+        theta[mine] = fitted[np.searchsorted(block, node_group[mine]), local[mine]]
+
+
+def _between(sorted_groups: np.ndarray, block: np.ndarray) -> slice:
+    """The slice of `sorted_groups` whose values lie in block[0] .. block[-1]."""
+    return slice(int(np.searchsorted(sorted_groups, block[0], side="left")),
+                 int(np.searchsorted(sorted_groups, block[-1], side="right")))
 
 
 def _newton(k, p, items, ridge) -> np.ndarray:
-    """Newton iterations on the groups that still move; converged groups drop out."""
+    """Newton iterations on the groups that still move; converged groups drop out, and so do their
+    items, so a late iteration costs what its few slow groups need."""
     theta = np.zeros((p, k))
     active = np.arange(p)
     row, li, lj, n, wins = items
     position = np.full(p, -1)
     for _ in range(NEWTON_STEPS):
         position[active] = np.arange(len(active))
-        mine = position[row] >= 0
-        subset = (position[row[mine]], li[mine], lj[mine], n[mine], wins[mine])
+        subset = (position[row], li, lj, n, wins)
         theta[active], moved = _newton_step(theta[active], subset, ridge)
         position[active] = -1
-        active = active[moved > NEWTON_TOLERANCE]
+        still = moved > NEWTON_TOLERANCE
+        active = active[still]
         if len(active) == 0:
             break
+        keep = still[subset[0]]
+        row, li, lj, n, wins = row[keep], li[keep], lj[keep], n[keep], wins[keep]
     return theta
 
 
