@@ -164,3 +164,15 @@ def test_served_scorer_halves_its_requests_while_the_server_says_413():
         ServedScorer(FakeClient(limit=10), "m").score(["q"], ["x" * 50])
     with pytest.raises(ValueError, match="serves other, not m"):
         ServedScorer(FakeClient(limit=10, served="other"), "m")
+
+
+def test_a_pairs_file_through_the_server_matches_the_local_model(tiny_models, live, keyed,
+                                                                 shared_data, tmp_path):
+    data = str(shared_data / "llmbar" / "LLMBar_Adversarial_GPTOut.json")
+    status, local = _run(["eval", tiny_models["rm-tiny-a"], "--data", data, "--device", "cpu",
+                          "--html", str(tmp_path / "pairs.html")])
+    status_served, served = _run(["eval", "rm-tiny-a", "--data", data, "--server", live.url])
+    assert status == status_served == 0 and served["n_pairs"] == local["n_pairs"] == 47
+    for key in ("accuracy", "ece", "length_spearman", "mean_margin"):
+        assert served[key] == pytest.approx(local[key], abs=1e-6)
+    assert "LLMBar_Adversarial_GPTOut" in (tmp_path / "pairs.html").read_text()
