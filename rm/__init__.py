@@ -36,6 +36,8 @@ _HOMES = {
     "LOSSES": "rm.train.losses",
     "evaluate_rows": "rm.eval.pairs",
     "load_pairs_file": "rm.eval.pairs",
+    "read_benchmark": "rm.eval.benchmarks",
+    "evaluate_benchmark": "rm.eval.benchmarks",
     # AI judges and rule-based verifiers
     "make_judge": "rm.judge",
     "VERIFIERS": "rm.verify.rules",

@@ -1,5 +1,5 @@
 """How well a reward model orders pairs, and warning signs (`bradley eval MODEL [--data FILE]`, whose
-edge in service/cli/train.py resolves the model and reads the snapshot).
+edge in service/cli/eval.py resolves the model and reads the snapshot).
 
 Statistics (pure functions on arrays of chosen and rejected rewards r_c, r_r):
 * accuracy: share of pairs with r_c > r_r (equal rewards count ½); pairs whose vote share p̂ is

@@ -14,9 +14,9 @@ import json
 import sys
 from pathlib import Path
 
+from rm.eval.benchmarks import BENCHMARKS
 from service.client import MAX_ITEMS, ClientError
 
-BENCHMARKS = ("rewardbench", "rewardbench2")
 REQUEST_BYTES = 4 * 1024 * 1024  # first guess at a /score body; halved while the server says 413
 
 
@@ -26,7 +26,7 @@ def add(sub) -> None:
     p.add_argument("model", metavar="MODEL", help="model id in the store or a model folder")
     p.add_argument("--data", default=None, help="prompt/chosen/rejected rows or LLMBar JSON; with "
                    "--benchmark, the benchmark's own Parquet or JSONL file")
-    p.add_argument("--benchmark", default=None, choices=BENCHMARKS,
+    p.add_argument("--benchmark", default=None, choices=list(BENCHMARKS),
                    help="score --data by the leaderboard's rules: subsets, sections and overall score")
     p.add_argument("--server", dest="score_server", default=None, metavar="URL",
                    help="score through this running `bradley serve` (which must serve MODEL) "
