@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-class Verdict(NamedTuple):
+class Check(NamedTuple):
     """One checked response: `reward`, `correct` (None when the gold could not be read), `format_ok`,
     `status` (ok | no_answer | unparseable_gold | timeout | error), what was `extracted`, `detail`.
     A NamedTuple (immutable, built at C speed: the server makes one per verified item)."""

@@ -8,14 +8,14 @@ timeouts off) runs unbounded. A worker process can always be killed.
 How: `workers` subprocesses (`python -m rm.verify.worker`), each fed by one dispatcher thread. A
 request is cut into chunks (one per worker for a small request, at most `chunk` calls each) so an
 idle pool spreads it over every worker; a dispatcher sends everything queued, up to `batch` calls,
-as ONE message and reads back one message of verdicts (orjson both ways), so under load the pipe
+as ONE message and reads back one message of checks (orjson both ways), so under load the pipe
 round trips and thread wake-ups are paid per batch of requests, not per call or per request. A
 call's clock starts when the worker starts it: before each call the worker writes (message, call,
 start time) to a small shared page, so when the parent's wait runs out it knows which call is
 running and since when, and waits on until that call's own deadline. A call past its deadline: the
 worker's process group is killed (taking any program it ran with it), the call gets reward 0 and
 `status: timeout`, a fresh worker starts, and the message's other calls go back on the queue (to
-be run again: their verdicts died with the worker). A worker that dies on its own gives the call in
+be run again: their checks died with the worker). A worker that dies on its own gives the call in
 progress `status: error`. Nothing becomes a silent zero: every status is counted (`counts`, and the
 `on_status` callback for /metrics).
 
@@ -24,12 +24,6 @@ progress `status: error`. Nothing becomes a silent zero: every status is counted
     ...                                     ("exact", "no", "yes", None)])]
     [1.1, 0.0]
 
-Whole requests (`submit_whole`, for a service whose own per-item work would cap the pool): the raw
-request body goes to one worker, whose handler (`whole`, an import path) decodes it, makes its calls
-under the same clock and answers with reply bytes; taken when `whole_at` requests are in flight, so
-a lone request is still spread over every worker. A whole request's call past its limit comes back
-as ("lost", index, ...), for the caller to answer the rest without it.
-
 Extra verifiers (tests, site-specific checkers) are named by import path, `{"slow": "pkg.mod:fn"}`:
 the workers import them at start, since functions cannot travel to another process.
 """
@@ -37,16 +31,15 @@ the workers import them at start, since functions cannot travel to another proce
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 
-from rm.verify.rules import VERIFIERS, Verdict
+from rm.verify.rules import VERIFIERS, Check
 from rm.verify.worker import START_TIMEOUT_S, WorkerProcess
 
 DEFAULT_TIMEOUT_S = 5.0
@@ -58,7 +51,7 @@ Call = tuple  # (verifier name, response, ground truth, options dict or None)
 
 
 class _Request:
-    """The verdicts of one submit(); its future completes when its last chunk is answered."""
+    """The checks of one submit(); its future completes when its last chunk is answered."""
 
     def __init__(self, n_chunks: int, out: list):
         self.left, self.out, self.future, self.lock = n_chunks, out, Future(), threading.Lock()
@@ -79,29 +72,24 @@ class _Request:
 
 
 class _Job:
-    """A chunk of a request: its calls and where their verdicts go in the request's list."""
+    """A chunk of a request: its calls and where their checks go in the request's list."""
 
-    def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request,
-                 whole: tuple[bytes, dict] | None = None):
-        self.calls, self.where, self.request, self.whole = calls, where, request, whole
+    def __init__(self, calls: Sequence[Call], where: Sequence[int], request: _Request):
+        self.calls, self.where, self.request = calls, where, request
         self.retried = False  # sent again whole after its worker died before starting it
 
 
-_tuple_new = tuple.__new__  # Verdict(*row) would run NamedTuple's Python-level __new__
+_tuple_new = tuple.__new__  # Check(*row) would run NamedTuple's Python-level __new__
 
 
 class VerifierPool:
     def __init__(self, workers: int = 2, timeout_s: float = DEFAULT_TIMEOUT_S,
                  plugins: dict[str, str] | None = None,
                  on_status: Callable[[str, str, int], None] | None = None, chunk: int = CHUNK,
-                 batch: int = BATCH, whole: str | None = None, whole_at: int | None = None):
+                 batch: int = BATCH):
         if workers < 1 or timeout_s <= 0 or chunk < 1:
             raise ValueError("workers and chunk must be >= 1 and timeout_s > 0")
         self.n_workers, self.timeout_s, self.chunk = workers, timeout_s, chunk
-        # whole requests: the handler's import path, and from how many requests in flight on
-        self.whole, self.whole_at = whole, workers if whole_at is None else whole_at
-        self.in_flight, self.whole_answers = 0, Counter()  # answered / lost
-        self.coming = 0  # requests announced (`announce`) and not yet done
         self.batch = max(batch, chunk)
         self.plugins, self.on_status = dict(plugins or {}), on_status
         self.counts: Counter = Counter()
@@ -127,7 +115,7 @@ class VerifierPool:
     # -- submitting ------------------------------------------------------------------------------
 
     def submit(self, calls: Sequence[Call]) -> Future:
-        """A Future of the verdicts of `calls`, in order. A request is cut into one chunk per
+        """A Future of the checks of `calls`, in order. A request is cut into one chunk per
         worker (at most `chunk` calls each), so alone it runs on every worker at once."""
         self._ensure_started()
         n = len(calls)
@@ -135,7 +123,6 @@ class VerifierPool:
         size = min(self.chunk, -(-n // self.n_workers)) or 1
         starts = range(0, n, size)
         request = _Request(len(starts), out)
-        self._track(request.future)
         if not calls:
             request.future.set_result(out)
         for start in starts:
@@ -143,53 +130,12 @@ class VerifierPool:
             self._put(1, _Job(calls[start:end], range(start, end), request))
         return request.future
 
-    def wants_whole(self) -> bool:
-        """Whether the next request should go whole to one worker: when enough are in flight to
-        keep every worker busy anyway (alone, a request is spread over all of them). Announced
-        requests count from their announcement, the caller's own excepted."""
-        return self.whole is not None and max(self.in_flight, self.coming - 1) >= self.whole_at
-
-    @contextlib.contextmanager
-    def announce(self) -> Iterator[None]:
-        """Count a request that will make calls as in flight from now, while it is still being
-        decoded: in a burst, requests counted only once submitted all found the pool idle, and
-        a dozen of every 64 took the slow path (issue 19's load test)."""
-        with self._lock:
-            self.coming += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self.coming -= 1
-
-    def submit_whole(self, body: bytes, context: dict) -> Future:
-        """A Future of [answer] for a raw request body, the answer being the whole-request
-        handler's ("answered", meta, reply bytes), or ("lost", index, status, detail) when its
-        worker was killed (call `index` ran past its limit) or died (index None: no call ran)."""
-        self._ensure_started()
-        request = _Request(1, [None])
-        self._track(request.future)
-        self._put(1, _Job((), (), request, whole=(body, context)))
-        return request.future
-
-    def _track(self, future: Future) -> None:
-        with self._lock:
-            self.in_flight += 1
-        future.add_done_callback(self._landed)
-
-    def _landed(self, _future) -> None:
-        with self._lock:
-            self.in_flight -= 1
-
-    def verify(self, calls: Sequence[Call]) -> list[Verdict]:
+    def verify(self, calls: Sequence[Call]) -> list[Check]:
         return self.submit(calls).result()
 
-    async def averify(self, calls: Sequence[Call]) -> list[Verdict]:
+    async def averify(self, calls: Sequence[Call]) -> list[Check]:
         """For the event loop: it only waits; the calls run in the worker processes."""
         return await asyncio.wrap_future(self.submit(calls))
-
-    async def averify_whole(self, body: bytes, context: dict) -> tuple:
-        return (await asyncio.wrap_future(self.submit_whole(body, context)))[0]
 
     # -- the dispatcher threads -------------------------------------------------------------------
 
@@ -224,15 +170,13 @@ class VerifierPool:
         jobs = [self._jobs.get()[2]]
         if jobs[0] is None:
             return None
-        if jobs[0].whole is not None:  # a whole request travels alone
-            return jobs
         size, share = len(jobs[0].calls), -(-self._jobs.qsize() // self.n_workers)
         while size < self.batch and len(jobs) <= share:
             try:
                 entry = self._jobs.get_nowait()
             except queue.Empty:
                 break
-            if entry[2] is None or entry[2].whole or size + len(entry[2].calls) > self.batch:
+            if entry[2] is None or size + len(entry[2].calls) > self.batch:
                 self._jobs.put(entry)  # for the next round (or the next thread to stop)
                 break
             jobs.append(entry[2])
@@ -245,9 +189,7 @@ class VerifierPool:
             try:
                 self._run(slot, jobs)
             except Exception as exc:  # worker would not start: answer, do not hang the request
-                if jobs[0].whole is not None:
-                    jobs[0].request.out[0] = ("lost", None, "error", str(exc)[:300])
-                why = Verdict(0.0, None, False, "error", detail=str(exc)[:300])
+                why = Check(0.0, None, False, "error", detail=str(exc)[:300])
                 self._answer([(job, i, why) for job in jobs for i in range(len(job.calls))
                               if job.request.out[job.where[i]] is None])
             for job in jobs:
@@ -257,28 +199,25 @@ class VerifierPool:
 
     def _worker(self, slot: int) -> WorkerProcess:
         if self._workers[slot] is None:
-            self._workers[slot] = WorkerProcess(self.plugins, self.timeout_s, self.whole)
+            self._workers[slot] = WorkerProcess(self.plugins, self.timeout_s)
         return self._workers[slot]
 
     def _run(self, slot: int, jobs: list[_Job]) -> None:
         """Send the jobs as one message, wait for its one answer. The deadline follows the call
         in progress: when the wait ends without an answer, the shared page says which call runs
         and since when; only a call running past the limit gets the worker killed."""
-        whole, calls = jobs[0].whole, [c for job in jobs for c in job.calls]
-        send = (lambda w: w.send_whole(*whole)) if whole else (lambda w: w.send(calls))
+        calls = [c for job in jobs for c in job.calls]
         worker = self._worker(slot)
         try:
-            seq = send(worker)
+            seq = worker.send(calls)
         except OSError:  # it died between messages (e.g. the OOM killer): a fresh one, once
             self._replace(slot)
             worker = self._worker(slot)
-            seq = send(worker)
+            seq = worker.send(calls)
         deadline = time.monotonic() + self.timeout_s
         while True:
             try:
                 line = worker.read_line(max(0.0, deadline - time.monotonic()))
-                if line is not None and whole:  # its reply's bytes follow the line at once
-                    return self._answered_whole(jobs[0], line[1], worker.reply(line[1]["body"]))
             except EOFError:
                 return self._lost(slot, jobs, worker.running(seq), "error", "verifier worker died")
             if line is not None:
@@ -302,27 +241,10 @@ class VerifierPool:
                        f"over the {self.timeout_s:g} s limit; worker replaced")
         return None
 
-    def _answered_whole(self, job: _Job, meta: dict, reply: bytes) -> None:
-        """The handler's `meta["counts"]` ([[verifier, status, n], ...]) are counted here, as the
-        pool's own calls are: also when the caller is gone by the time the answer comes."""
-        counts = meta.get("counts")
-        if counts:
-            self._count(Counter({(name, status): n for name, status, n in counts}))
-        job.request.out[0] = ("answered", meta, reply)
-        with self._lock:
-            self.whole_answers["answered"] += 1
-
     def _lost(self, slot: int, jobs: list[_Job], running, status: str, detail: str) -> None:
         """Kill the worker; the call it was running gets `status`; the message's other calls
-        (their results died with it) go back on the queue for whichever worker is free first.
-        A whole request is answered as lost: the service runs it again without the culprit."""
+        (their results died with it) go back on the queue for whichever worker is free first."""
         self._replace(slot)
-        if jobs[0].whole is not None:
-            culprit = running[0] if running is not None and running[0] >= 0 else None
-            jobs[0].request.out[0] = ("lost", culprit, status, detail)
-            with self._lock:
-                self.whole_answers["lost"] += 1
-            return
         if running is not None and running[0] >= 0:
             k = running[0]
             for job in jobs:
@@ -336,7 +258,7 @@ class VerifierPool:
     def _requeue(self, job: _Job, culprit: int | None, status: str, detail: str, retried: bool
                  ) -> None:
         if culprit is not None:
-            self._answer([(job, culprit, Verdict(0.0, None, False, status, detail=detail))])
+            self._answer([(job, culprit, Check(0.0, None, False, status, detail=detail))])
         rest = [i for i in range(len(job.calls)) if i != culprit]
         if rest:
             job.request.add_chunk()
@@ -348,29 +270,25 @@ class VerifierPool:
         self._jobs.put((priority, next(self._order), job))
 
     def _answered(self, jobs: list[_Job], rows: list[list]) -> None:
-        """A whole message's verdicts, in order (per item only C-level work: tuple.__new__ builds
-        each Verdict, Counter counts (name, status) pairs)."""
+        """A whole message's checks, in order (per item only C-level work: tuple.__new__ builds
+        each Check, Counter counts (name, status) pairs)."""
         start = 0
         seen: Counter = Counter()
         for job in jobs:
             end = start + len(job.calls)
-            out, verdicts = job.request.out, [_tuple_new(Verdict, r) for r in rows[start:end]]
-            for w, v in zip(job.where, verdicts, strict=True):
+            out, checks = job.request.out, [_tuple_new(Check, r) for r in rows[start:end]]
+            for w, v in zip(job.where, checks, strict=True):
                 out[w] = v
-            seen.update(zip([c[0] for c in job.calls], [v[3] for v in verdicts], strict=True))
+            seen.update(zip([c[0] for c in job.calls], [v[3] for v in checks], strict=True))
             start = end
         self._count(seen)
 
-    def _answer(self, verdicts: list[tuple[_Job, int, Verdict]]) -> None:
+    def _answer(self, checks: list[tuple[_Job, int, Check]]) -> None:
         seen: Counter = Counter()
-        for job, i, verdict in verdicts:
-            job.request.out[job.where[i]] = verdict
-            seen[job.calls[i][0], verdict.status] += 1
+        for job, i, check in checks:
+            job.request.out[job.where[i]] = check
+            seen[job.calls[i][0], check.status] += 1
         self._count(seen)
-
-    def count(self, name: str, status: str, n: int = 1) -> None:
-        """Count verdicts given outside the pool's messages (a whole request's, a lost call's)."""
-        self._count(Counter({(name, status): n}))
 
     def _count(self, seen: Counter) -> None:
         with self._lock:

@@ -1,7 +1,7 @@
 """Rule rewards ("verifiable rewards"): a registry of checkers that compare a response with ground
 truth, torch-free and cheap, for GRPO/DAPO-style training beside (or instead of) a learned reward model.
 
-Every verifier is `fn(response: str, ground_truth, **options) -> Verdict` and never raises on model
+Every verifier is `fn(response: str, ground_truth, **options) -> Check` and never raises on model
 output: what went wrong is in `status`, one of
 
 - `ok`               an answer was read and compared (`correct` is True or False);
@@ -18,7 +18,7 @@ output: what went wrong is in `status`, one of
     >>> gsm8k("So 10 apples are left.", "2 + 8 = 10\\n#### 10", partial=0.5).reward
     0.5
     >>> numeric("The total is $1,250.50.", 1250.5)
-    Verdict(reward=1.0, correct=True, format_ok=True, status='ok', extracted='$1,250.50', detail=None)
+    Check(reward=1.0, correct=True, format_ok=True, status='ok', extracted='$1,250.50', detail=None)
     >>> exact("  Paris ", "paris", casefold=True).correct
     True
 
@@ -35,7 +35,7 @@ import os
 import re
 from collections.abc import Callable
 
-from rm.verify.check import Verdict
+from rm.verify.check import Check
 from rm.verify.sandbox import run_code
 
 STATUSES = ("ok", "no_answer", "unparseable_gold", "timeout", "error")
@@ -90,34 +90,34 @@ def _gold_number(ground_truth) -> float | None:
     return to_number(ground_truth)
 
 
-def exact(response: str, ground_truth, strip: bool = True, casefold: bool = False) -> Verdict:
+def exact(response: str, ground_truth, strip: bool = True, casefold: bool = False) -> Check:
     """1 when the response equals the ground truth (after `strip` / `casefold` when asked)."""
     if not isinstance(ground_truth, str | int | float) or isinstance(ground_truth, bool):
-        return Verdict(0.0, None, False, "unparseable_gold")
+        return Check(0.0, None, False, "unparseable_gold")
     got, want = response, str(ground_truth)
     if strip:
         got, want = got.strip(), want.strip()
     if casefold:
         got, want = got.casefold(), want.casefold()
     ok = got == want
-    return Verdict(float(ok), ok, True, "ok", got[:200])
+    return Check(float(ok), ok, True, "ok", got[:200])
 
 
-def numeric(response: str, ground_truth, atol: float = 1e-9, rtol: float = 1e-6) -> Verdict:
+def numeric(response: str, ground_truth, atol: float = 1e-9, rtol: float = 1e-6) -> Check:
     """1 when the last number in the response equals the ground truth within atol + rtol·|gold|."""
     gold = _gold_number(ground_truth)
     if gold is None:
-        return Verdict(0.0, None, False, "unparseable_gold")
+        return Check(0.0, None, False, "unparseable_gold")
     numbers = NUMBER_RE.findall(response)
     if not numbers:
-        return Verdict(0.0, False, False, "no_answer")
+        return Check(0.0, False, False, "no_answer")
     got = to_number(numbers[-1])
     ok = got is not None and same_number(got, gold, rtol, atol)
-    return Verdict(float(ok), ok, True, "ok", numbers[-1])
+    return Check(float(ok), ok, True, "ok", numbers[-1])
 
 
 def gsm8k(response: str, ground_truth, partial: float = 0.0, format_bonus: float = FORMAT_BONUS
-          ) -> Verdict:
+          ) -> Check:
     """GSM8K's rule: 1 for the right number after the last `####`, plus `format_bonus` (0.1) when
     there is exactly one `####` and a number follows it. Several markers: the last one is read and no
     bonus is given (a policy must not hedge). `partial` (off by default) pays for the right number
@@ -126,25 +126,25 @@ def gsm8k(response: str, ground_truth, partial: float = 0.0, format_bonus: float
     """
     gold = _gold_number(ground_truth)
     if gold is None:
-        return Verdict(0.0, None, False, "unparseable_gold")
+        return Check(0.0, None, False, "unparseable_gold")
     markers = response.count(MARKER)
     found = MARKER_ANSWER_RE.match(response, response.rfind(MARKER)) if markers else None
     format_ok = markers == 1 and found is not None
     bonus = format_bonus if format_ok else 0.0
     answer = to_number(found.group(1)) if found else None
     if answer is not None and same_number(answer, gold):
-        return Verdict(1.0 + bonus, True, format_ok, "ok", found.group(1))
+        return Check(1.0 + bonus, True, format_ok, "ok", found.group(1))
     if partial and any(same_number(v, gold) for v in map(to_number, NUMBER_RE.findall(response))
                        if v is not None):
-        return Verdict(partial + bonus, False, format_ok, "ok" if found else "no_answer",
-                       found.group(1) if found else None, "partial credit")
+        return Check(partial + bonus, False, format_ok, "ok" if found else "no_answer",
+                     found.group(1) if found else None, "partial credit")
     if found is None:
-        return Verdict(0.0, False, False, "no_answer")
-    return Verdict(bonus, False, format_ok, "ok", found.group(1))
+        return Check(0.0, False, False, "no_answer")
+    return Check(bonus, False, format_ok, "ok", found.group(1))
 
 
 def regex(response: str, ground_truth=None, pattern: str | None = None, fullmatch: bool = False
-          ) -> Verdict:
+          ) -> Check:
     r"""1 when the response matches `pattern` (or the ground truth taken as a pattern), a format
     check such as `<think>.*?</think>`; dot matches newlines. Patterns come from requests, so they
     run in a worker with a wall-clock limit (catastrophic backtracking is a timeout, not a hang).
@@ -154,17 +154,17 @@ def regex(response: str, ground_truth=None, pattern: str | None = None, fullmatc
     """
     pattern = pattern if pattern is not None else ground_truth
     if not isinstance(pattern, str):
-        return Verdict(0.0, None, False, "unparseable_gold", detail="pass a pattern")
+        return Check(0.0, None, False, "unparseable_gold", detail="pass a pattern")
     try:
         compiled = re.compile(pattern, re.DOTALL)
     except re.error as exc:
-        return Verdict(0.0, None, False, "unparseable_gold", detail=f"bad pattern: {exc}")
+        return Check(0.0, None, False, "unparseable_gold", detail=f"bad pattern: {exc}")
     hit = (compiled.fullmatch if fullmatch else compiled.search)(response)
-    return Verdict(float(hit is not None), hit is not None, hit is not None, "ok",
-                   hit.group(0)[:200] if hit else None)
+    return Check(float(hit is not None), hit is not None, hit is not None, "ok",
+                 hit.group(0)[:200] if hit else None)
 
 
-def math(response: str, ground_truth) -> Verdict:
+def math(response: str, ground_truth) -> Check:
     r"""Mathematical equivalence with `math-verify` (extra `bradley[math]`). The gold answer is wrapped
     in `\boxed{}` before parsing (a bare `\sqrt{2}/2` parses to nothing otherwise); the response is
     parsed strictly: LaTeX only, `\boxed{}` first, nothing taken without an anchor, so a list
@@ -176,17 +176,17 @@ def math(response: str, ground_truth) -> Verdict:
     mv = _math_verify()
     gold_text = str(ground_truth).strip() if isinstance(ground_truth, str | int | float) else ""
     if not gold_text or isinstance(ground_truth, bool):
-        return Verdict(0.0, None, False, "unparseable_gold")
+        return Check(0.0, None, False, "unparseable_gold")
     boxed = gold_text if "\\boxed" in gold_text else f"\\boxed{{{gold_text}}}"
     gold = mv.parse(boxed, parsing_timeout=None)
     if not any(not isinstance(g, str) for g in gold):  # only the raw-text fallback: nothing parsed
-        return Verdict(0.0, None, False, "unparseable_gold")
+        return Check(0.0, None, False, "unparseable_gold")
     strict = [mv.LatexExtractionConfig(boxed_match_priority=0, try_extract_without_anchor=False)]
     pred = mv.parse(response, extraction_config=strict, parsing_timeout=None)
     if not pred:
-        return Verdict(0.0, False, False, "no_answer")
+        return Check(0.0, False, False, "no_answer")
     ok = bool(mv.verify(gold, pred, timeout_seconds=None))
-    return Verdict(float(ok), ok, True, "ok", str(pred[-1])[:200])
+    return Check(float(ok), ok, True, "ok", str(pred[-1])[:200])
 
 
 def _math_verify():
@@ -196,17 +196,14 @@ def _math_verify():
         raise VerifierError("the math verifier needs math-verify: pip install 'bradley[math]'") from None
 
 
-def code(response: str, ground_truth, **options) -> Verdict:
+def code(response: str, ground_truth, **options) -> Check:
     """Run Python against tests; see rm/verify/sandbox.py (opt-in: BRADLEY_ENABLE_CODE_VERIFIER=1)."""
     return run_code(response, ground_truth, **options)
 
 
-VERIFIERS: dict[str, Callable[..., Verdict]] = {
+VERIFIERS: dict[str, Callable[..., Check]] = {
     "exact": exact, "numeric": numeric, "gsm8k": gsm8k, "math": math, "regex": regex, "code": code,
 }
-# Checks that take microseconds, where the service's own per-item work is the cost worth cutting
-# (service/engine/verify_whole.py); math (~0.6 ms), code and plugins are better spread over every worker.
-FAST = frozenset({"exact", "numeric", "gsm8k", "regex"})
 
 # verl's `data_source` values (those of its default_compute_score, and the Hub ids trainers put
 # there) -> verifier name.
@@ -245,9 +242,9 @@ def resolve(verifier: str | None, data_source: str | None) -> str:
                         f"or use one of {sorted(DATA_SOURCES)}")
 
 
-def run_verifier(name: str, response: str, ground_truth, options: dict | None = None) -> Verdict:
+def run_verifier(name: str, response: str, ground_truth, options: dict | None = None) -> Check:
     """Call a verifier in this process, turning a crash into `status: error` (never a silent 0)."""
     try:
         return VERIFIERS[name](response, ground_truth, **(options or {}))
-    except Exception as exc:  # the verdict carries it; the pool counts it
-        return Verdict(0.0, None, False, "error", detail=f"{type(exc).__name__}: {exc}"[:300])
+    except Exception as exc:  # the check carries it; the pool counts it
+        return Check(0.0, None, False, "error", detail=f"{type(exc).__name__}: {exc}"[:300])

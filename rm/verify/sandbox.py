@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 
-from rm.verify.check import Verdict
+from rm.verify.check import Check
 
 DEFAULT_TIMEOUT_S = 4.0
 DEFAULT_MEMORY_MB = 1024
@@ -116,7 +116,7 @@ def _limits(cpu_s: int, memory_mb: int):
 
 def _pool_limit() -> float:
     """The worker pool's per-call limit (set for its workers): finishing first gives a clean
-    `timeout` verdict with the program's own group killed, rather than the whole worker."""
+    `timeout` check with the program's own group killed, rather than the whole worker."""
     try:
         return max(float(os.environ.get("BRADLEY_VERIFIER_LIMIT_S", "inf")), 0.6)
     except ValueError:
@@ -132,14 +132,14 @@ def _tests(ground_truth) -> list[str] | None:
 
 
 def run_code(response: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
-             memory_mb: int = DEFAULT_MEMORY_MB, all_or_nothing: bool = False) -> Verdict:
+             memory_mb: int = DEFAULT_MEMORY_MB, all_or_nothing: bool = False) -> Check:
     """Run `response` (a Python program) and the tests in `ground_truth` under the limits above."""
     tests = _tests(ground_truth)
     # options come from requests: keep them inside sane bounds whatever is asked
     timeout_s = min(max(float(timeout_s), 0.1), MAX_TIMEOUT_S, _pool_limit() - 0.5)
     memory_mb = min(max(int(memory_mb), 64), MAX_MEMORY_MB)
     if tests is None:
-        return Verdict(0.0, None, False, "unparseable_gold", detail="send a test or a list of tests")
+        return Check(0.0, None, False, "unparseable_gold", detail="send a test or a list of tests")
     with tempfile.TemporaryDirectory(prefix="bradley-code-") as workdir:
         read_fd, write_fd = os.pipe()
         env = {"PATH": "/usr/bin:/bin", "HOME": workdir, "TMPDIR": workdir, "LANG": "C.UTF-8",
@@ -155,12 +155,12 @@ def run_code(response: str, ground_truth, timeout_s: float = DEFAULT_TIMEOUT_S,
         except subprocess.TimeoutExpired:
             _kill_group(child)
             os.close(read_fd)
-            return Verdict(0.0, None, False, "timeout",
-                           detail=f"killed after {time.monotonic() - started:.1f} s")
+            return Check(0.0, None, False, "timeout",
+                         detail=f"killed after {time.monotonic() - started:.1f} s")
         with os.fdopen(read_fd, "rb") as f:
             report = f.read()
         _kill_group(child)  # anything the program left behind in its group
-    return _verdict(child.returncode, report, len(tests), all_or_nothing)
+    return _check(child.returncode, report, len(tests), all_or_nothing)
 
 
 def _kill_group(child: subprocess.Popen) -> None:
@@ -175,18 +175,18 @@ SIGNAL_ERRORS = {-signal.SIGXCPU: "CPU time limit", -signal.SIGXFSZ: "file size 
                  -signal.SIGKILL: "killed", -signal.SIGSEGV: "segmentation fault"}
 
 
-def _verdict(returncode: int, report: bytes, n_tests: int, all_or_nothing: bool) -> Verdict:
+def _check(returncode: int, report: bytes, n_tests: int, all_or_nothing: bool) -> Check:
     try:
         result = json.loads(report)
     except ValueError:
         why = SIGNAL_ERRORS.get(returncode, f"exit status {returncode}, no report")
-        return Verdict(0.0, None, False, "error", detail=why)
+        return Check(0.0, None, False, "error", detail=why)
     outcomes = result["tests"]
     if result["program"] == "memory" or "memory" in outcomes:
-        return Verdict(0.0, None, False, "error", detail="MemoryError (memory limit)")
+        return Check(0.0, None, False, "error", detail="MemoryError (memory limit)")
     passed = sum(o == "pass" for o in outcomes)
     share = passed / n_tests
     reward = float(passed == n_tests) if all_or_nothing else share
     failures = sorted({o for o in outcomes if o != "pass"})
-    return Verdict(reward, passed == n_tests, result["program"] == "pass", "ok",
-                   f"{passed}/{n_tests} passed", ", ".join(failures)[:300] or None)
+    return Check(reward, passed == n_tests, result["program"] == "pass", "ok",
+                 f"{passed}/{n_tests} passed", ", ".join(failures)[:300] or None)

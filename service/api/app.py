@@ -43,7 +43,7 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
         await asyncio.get_running_loop().run_in_executor(None, service.stop)
 
     # the schema is served by routes_score.openapi, behind the key
-    app = App(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.state.anon_slots = ClientSlots(settings.anon_max_concurrent)
     for router in (routes_score.router, routes_data.router):
@@ -56,21 +56,7 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
     app.add_exception_handler(RequestValidationError, http.handle_validation_error)
     app.add_middleware(http.SafetyNet)  # inside RouteMetrics, which then counts its 500s
     app.add_middleware(RouteMetrics, service=service)
-    app.score_lane = RouteMetrics(routes_score.ScoreLane(app.router.routes), service)
     return app
-
-
-class App(FastAPI):
-    """FastAPI, except that `POST /score` goes straight to `score_lane` (routes_score.ScoreLane,
-    counted by RouteMetrics like every route) instead of through Starlette's middleware stack."""
-
-    score_lane = None  # set by create_app; None sends /score through the stack like any route
-
-    async def __call__(self, scope, receive, send):
-        if self.score_lane is not None and routes_score.ScoreLane.takes(scope):
-            scope["app"] = self  # what Starlette sets: routes find the service through it
-            return await self.score_lane(scope, receive, send)
-        await super().__call__(scope, receive, send)
 
 
 class RouteMetrics:

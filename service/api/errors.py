@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from service.api import payloads
-from service.engine import batcher, forward_pool, runtime
+from service.engine import batcher, runtime
 
 log = logging.getLogger("bradley.service")
 
@@ -40,7 +40,6 @@ ERROR_STATUS: list[tuple[type[BaseException], int]] = [
     (runtime.Unavailable, 501),
     (runtime.NotReady, 503),
     (batcher.BatcherError, 503),
-    (forward_pool.ForwardProcessExited, 503),
     (ValueError, 422),
 ]
 

@@ -112,10 +112,6 @@ class Metrics:
             "bradley_prompt_cache_lookups", "prompt-part cache look-ups of the served model since it "
             "was loaded, by result (a hit: a prompt not rendered and tokenized again)", ["result"],
             registry=r)
-        self.forward_overhead = Gauge(
-            "bradley_forward_overhead_tokens", "what a forward of the served model costs before its "
-            "first token, in padded tokens, as the batcher learned it from the forwards it timed "
-            "(NaN until it has, or with BRADLEY_MAX_PADDING set)", registry=r)
         self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
         self.started.set(time.time())
         # on_scores runs on the event loop, on_model in a hot swap's worker thread: one lock
@@ -131,16 +127,14 @@ class Metrics:
         self.tokens.inc(tokens)
         self.padded_tokens.inc(padded)
 
-    def on_model(self, model_id: str, prompts=None, overhead_tokens=None) -> None:
-        """A model was installed; `prompts` is its rm.model.prompt_cache.PromptCache and
-        `overhead_tokens` what gives its forwards' learned overhead, both read at scrape."""
+    def on_model(self, model_id: str, prompts=None) -> None:
+        """A model was installed; `prompts` is its rm.model.prompt_cache.PromptCache, read at
+        scrape."""
         # the id only: /metrics is readable without a key, and a path describes the operator's disk
         self.model.info({"model_id": model_id})
         if prompts is not None:
             self.prompt_cache.labels("hit").set_function(lambda: prompts.hits)
             self.prompt_cache.labels("miss").set_function(lambda: prompts.misses)
-        if overhead_tokens is not None:
-            self.forward_overhead.set_function(overhead_tokens)
         self.model_swaps.inc()
         with self._pairs_lock:
             self._moments, self._lengths, self._scores = Moments(), [], []
@@ -170,7 +164,7 @@ class Metrics:
             self._merge_pending()
             return pearson(self._moments)
 
-    def on_verdict(self, verifier: str, status: str, n: int = 1) -> None:
+    def on_check(self, verifier: str, status: str, n: int = 1) -> None:
         self.verifier_calls.labels(verifier, status).inc(n)
 
     def on_group_stats(self, stats: dict) -> None:

@@ -31,9 +31,6 @@ class Settings(BaseSettings):
     model: str | None = None              # model id in the store, or a model folder
     device: str = "auto"
     torch_threads: int | None = Field(None, ge=1)  # forward threads (default: every usable core)
-    # CPU only: processes that run the forwards, one thread each (service/engine/forward_pool.py); unset:
-    # one per usable core when there are 2 or more. 0: forwards in this process, torch_threads.
-    forward_processes: int | None = Field(None, ge=0, le=64)
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     # Comma-separated in the environment; NoDecode keeps pydantic-settings from expecting JSON.
@@ -45,7 +42,7 @@ class Settings(BaseSettings):
     max_batch_tokens: int | None = Field(None, ge=1)
     max_batch_items: int = Field(256, ge=1)
     # padded tokens allowed per real token in one forward; unset: 0.1 on CPU, 1.0 on GPU
-    # (service/engine/runtime.py: AUTO_PADDING, where the measurements behind them are)
+    # (service/engine/runtime.py: AUTO_PADDING)
     max_padding: float | None = Field(None, ge=0)
     max_wait_ms: float = Field(3.0, ge=0, le=10_000)
     max_queue_items: int = Field(50_000, ge=1)   # beyond this, /score answers 503 (retry later)
@@ -70,9 +67,6 @@ class Settings(BaseSettings):
     reward_weights: str = ""
     default_verifier: str = ""  # for ground truth that names no verifier; "" = the RM judges
     verifier_plugins: str = ""
-    # from how many /score requests in flight a verifier-only one goes whole to one worker
-    # (service/engine/verify_whole.py); unset: the number of workers. 0: always.
-    verifier_whole_at: int | None = Field(None, ge=0)
     # Label Studio sends it in the X-Bradley-Webhook-Secret header (the webhook's custom headers);
     # unset: the webhook needs a bearer API key like any other write
     label_studio_webhook_secret: str | None = Field(None, min_length=16)

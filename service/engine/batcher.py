@@ -1,29 +1,19 @@
 """Dynamic micro-batching for /score: many small requests, one model worker, few large forwards.
 
 Requests arrive already tokenized (token-id lists) together with the scorer they were tokenized for,
-and wait in one queue. A worker thread takes the oldest request, keeps collecting until the
-pool holds `max_batch_items` items or `max_batch_tokens` tokens per worker, or `max_wait_s` has
-passed since that request arrived, sorts the pool's rows by length (so rows of similar length share
-a forward and padding stays small), cuts them into forwards of at most `max_batch_tokens` padded
-tokens (rows x longest row), and queues those forwards. Where to cut (service/engine/forward_plan.py):
-with `learn_cost`, where the model's own timed forwards say a cut saves more padding than a forward
-costs; until they say, and without it, at `max_padding` wasted tokens per real one. A scorer
-whose forwards pack their rows (`packs_rows`, rm/model/packed.py) computes no padding: its forwards are
-timed and counted by their real tokens, and still cut as if padded, a heuristic kept because it
-measured faster: it keeps forwards small, and smaller packed forwards ran faster per token on
-this CPU (service/engine/forward_plan.py).
-Every worker takes the next planned forward when it is free, and collects a new pool only when none
-is left. There is one worker unless the scorer runs forwards elsewhere (on a CPU,
-service/engine/forward_pool.py: a process per worker); then the workers share one plan, so the rows of all
-waiting requests are sorted together rather than split between workers first (tiny model, 64
-single-sample clients, 2 forward processes: 5.1 rows per forward where a pool per worker gave 3.1).
-Scores go back to each request's event loop in one call per forward, for the requests whose every
-row is scored.
+and wait in one queue. A single worker thread takes the oldest request, keeps collecting until the
+batch holds `max_batch_items` items or `max_batch_tokens` tokens, or `max_wait_s` has passed since
+that request arrived, then plans the batch's forwards (`plan_forwards`): rows sorted by length (so
+rows of similar length share a forward and padding stays small), cut into forwards of at most
+`max_batch_tokens` padded tokens (rows x longest row), `max_batch_items` rows and `max_padding`
+padded tokens per real one. Forwards run one after another on the worker thread, in this process
+(on a GPU the forward is the cost; the event loop meanwhile serves HTTP). Scores go back to each
+request's event loop in one call per forward, for the requests whose every row is scored.
 
-Fairness: a request bigger than what is left of a pool's budget gives the pool only the rows that
+Fairness: a request bigger than what is left of a batch's budget gives the batch only the rows that
 fit, and its remaining rows go to the back of the queue, so requests that arrived meanwhile are
-in the next pool rather than behind the whole of a large one (round robin, one pool at a time).
-A small request therefore waits about one pool for any large one, however large.
+in the next batch rather than behind the whole of a large one (round robin, one batch at a time).
+A small request therefore waits about one batch for any large one, however large.
 
 Batch independence is the scorer's contract (one forward whose per-row result ignores the
 other rows: attention masks, no cross-row normalisation); the batcher only regroups rows, and never
@@ -37,7 +27,7 @@ tokenized for the old model is scored by the old model.
     ...     batcher = Batcher(max_batch_tokens=64, max_batch_items=8, max_wait_s=0.001).start()
     ...     a, b = await asyncio.gather(batcher.score(fake, [[1, 2], [3]]), batcher.score(fake, [[4]]))
     ...     batcher.close()
-    ...     return a, b, batcher.stats["pools"] <= 2
+    ...     return a, b, batcher.stats["batches"] <= 2
     >>> asyncio.run(demo())
     ([3.0, 3.0], [4.0], True)
 """
@@ -45,15 +35,11 @@ tokenized for the old model is scored by the old model.
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-
-from service.engine.forward_plan import ForwardCost, cut_pool
 
 Scorer = Callable[[list[list[int]]], Sequence[float]]
 
@@ -77,8 +63,8 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     enqueued: float = field(default_factory=time.monotonic)
-    taken: int = 0  # rows handed to pools so far (under the lock)
-    done: int = 0   # rows scored or failed
+    taken: int = 0  # rows handed to batches so far (under the lock)
+    done: int = 0   # rows scored or failed (the worker thread only)
     scores: list[float] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -89,44 +75,64 @@ class _Job:
 Row = tuple[_Job, int]  # row k of a job
 
 
+def plan_forwards(lengths: Sequence[int], max_tokens: int, max_items: int,
+                  max_padding: float = float("inf")) -> list[list[int]]:
+    """Split rows into forwards: rows sorted by length; each forward's padded size
+    (rows x longest row) within `max_tokens`, its rows within `max_items`, and its padding within
+    `max_padding` x its real tokens (on a CPU a padded token costs as much as a real one, so waste
+    is worth avoiding; a GPU prefers big batches). A row longer than `max_tokens` gets a forward
+    of its own. Returns the row indices of each forward.
+
+    >>> plan_forwards([5, 1, 4, 2], max_tokens=8, max_items=8)
+    [[1, 3], [2], [0]]
+    >>> plan_forwards([1, 1, 1], max_tokens=100, max_items=2)
+    [[0, 1], [2]]
+    >>> plan_forwards([10, 10, 11, 20], max_tokens=100, max_items=8, max_padding=0.1)
+    [[0, 1, 2], [3]]
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    forwards: list[list[int]] = []
+    current: list[int] = []
+    real = 0
+    for i in order:
+        # sorted ascending, so row i is the longest of the forward if it joins
+        padded = (len(current) + 1) * lengths[i]
+        if current and (padded > max_tokens or len(current) >= max_items
+                        or padded > (1 + max_padding) * (real + lengths[i])):
+            forwards.append(current)
+            current, real = [], 0
+        current.append(i)
+        real += lengths[i]
+    if current:
+        forwards.append(current)
+    return forwards
+
+
 class Batcher:
     """One queue, one worker thread. `await score(scorer, ids)` from any event loop."""
 
     def __init__(self, max_batch_tokens: int = 16384, max_batch_items: int = 256,
                  max_wait_s: float = 0.003, max_queue_items: int = 50_000,
-                 max_padding: float = float("inf"), learn_cost: bool = False,
+                 max_padding: float = float("inf"),
                  on_forward: Callable[[int, int, int, float], None] | None = None):
         if max_batch_tokens < 1 or max_batch_items < 1 or max_wait_s < 0:
             raise ValueError("batch limits must be positive and max_wait_s non-negative")
         self.max_batch_tokens, self.max_batch_items = max_batch_tokens, max_batch_items
         self.max_wait_s, self.max_queue_items = max_wait_s, max_queue_items
-        self.max_padding, self.learn_cost = max_padding, learn_cost
-        self._costs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # scorer -> ForwardCost
+        self.max_padding = max_padding
         self.on_forward = on_forward  # (rows, tokens, padded_tokens, seconds) after each forward
         self._queue: deque[_Job] = deque()
         self._queued_items = 0
-        lock = threading.RLock()
-        self._cond = threading.Condition(lock)  # a job was queued, or closing began
-        self._planned_cond = threading.Condition(lock)  # forwards were planned, or none will be
-        self._planned: deque[tuple[Scorer, list[Row]]] = deque()
-        self._planning = False  # a worker is collecting a pool; the others wait for its plan
+        self._cond = threading.Condition()
         self._closing = False
-        self._threads: list[threading.Thread] = []
-        self._workers = 0  # how many workers a pool is collected for
-        self.stats = {"pools": 0, "forwards": 0, "items": 0}  # updated under the lock
+        self._thread: threading.Thread | None = None
+        self.stats = {"batches": 0, "forwards": 0, "items": 0}
 
     # -- client side (event loop) ----------------------------------------------------------------
 
     @property
     def queued_items(self) -> int:
         return self._queued_items
-
-    def overhead_tokens(self, scorer: Scorer) -> float:
-        """What a forward of `scorer` costs before its first token, in padded tokens, as learned so
-        far (NaN until then, or without `learn_cost`)."""
-        with self._cond:
-            known = self._known_overhead(scorer)
-        return math.nan if known is None else known
 
     async def score(self, scorer: Scorer, ids: list[list[int]]) -> list[float]:
         if not ids:
@@ -157,15 +163,10 @@ class Batcher:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    def start(self, workers: int = 1) -> Batcher:
-        """Run `workers` worker threads (more than one only for a scorer that forwards outside this
-        process); a later call with more starts the missing ones."""
-        self._workers = max(self._workers, workers)
-        while len(self._threads) < workers:
-            thread = threading.Thread(target=self._work, daemon=True,
-                                      name=f"bradley-batcher-{len(self._threads)}")
-            thread.start()
-            self._threads.append(thread)
+    def start(self) -> Batcher:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="bradley-batcher", daemon=True)
+            self._thread.start()
         return self
 
     def hurry(self) -> None:
@@ -180,117 +181,64 @@ class Batcher:
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for thread in self._threads:
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-        return not any(thread.is_alive() for thread in self._threads)
+        if self._thread is not None:
+            self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     # -- worker side -----------------------------------------------------------------------------
 
     def _work(self) -> None:
-        while (forward := self._next_forward()) is not None:
-            scorer, rows = forward
-            self._forward(scorer, rows)
-            self._finish(rows)
-            del forward, scorer, rows  # while waiting, hold no job: a swapped-out model goes
+        while (rows := self._collect()) is not None:
+            self._run(rows)
+            del rows  # while waiting, hold no job: a swapped-out model goes
 
-    def _next_forward(self) -> tuple[Scorer, list[Row]] | None:
-        """The next planned forward; when none is left, this worker collects and plans a pool
-        while the others wait for its plan. None once closing and nothing is left."""
-        with self._cond:
-            while not self._planned:
-                if self._planning:
-                    self._planned_cond.wait()
-                    continue
-                self._planning = True
-                try:
-                    rows = self._collect()
-                    if rows is not None:
-                        self._planned.extend(self._plan(rows))
-                        self.stats["pools"] += 1
-                finally:
-                    self._planning = False
-                    self._planned_cond.notify_all()
-                if rows is None:
-                    return None
-            return self._planned.popleft()
-
-    def _finish(self, rows: list[Row]) -> None:
-        finished = {}
-        with self._cond:  # another worker may be scoring other rows of the same job
-            for job, _ in rows:
-                job.done += 1
-                if job.done == len(job.ids):
-                    finished[id(job)] = job
-        _deliver(list(finished.values()))
+    def _run(self, rows: list[Row]) -> None:
+        for scorer, forward in self._plan(rows):
+            self._forward(scorer, forward)
+            self._finish(forward)
+        self.stats["batches"] += 1
 
     def _collect(self) -> list[Row] | None:
-        """Block (lock held, released while waiting) for the oldest job, then gather rows until
-        the pool's limits or the oldest job's wait deadline. A job that does not fit whole gives
-        the rows that do and goes to the back of the queue."""
-        max_items, max_tokens = self._workers * self.max_batch_items, self._workers * self.max_batch_tokens
-        while not self._queue:
-            if self._closing:
-                return None
-            self._cond.wait()
-        first_arrival = self._queue[0].enqueued
-        rows: list[Row] = []
-        tokens = 0
-        while True:
-            while self._queue and len(rows) < max_items and tokens < max_tokens:
-                job = self._queue.popleft()
-                while job.taken < len(job.ids) and len(rows) < max_items and tokens < max_tokens:
-                    tokens += len(job.ids[job.taken])
-                    rows.append((job, job.taken))
-                    job.taken += 1
-                if job.taken < len(job.ids):
-                    self._queue.append(job)
-            full = len(rows) >= max_items or tokens >= max_tokens
-            remaining = first_arrival + self.max_wait_s - time.monotonic()
-            if full or self._closing or remaining <= 0:
-                break
-            self._cond.wait(remaining)
-        self._queued_items -= len(rows)
-        return rows
+        """Block for the oldest job, then gather rows until a limit or its wait deadline. A job that
+        does not fit whole gives the rows that do and goes to the back of the queue. None once
+        closing and nothing is left."""
+        with self._cond:
+            while not self._queue:
+                if self._closing:
+                    return None
+                self._cond.wait()
+            first_arrival = self._queue[0].enqueued
+            rows: list[Row] = []
+            tokens = 0
+            while True:
+                while self._queue and len(rows) < self.max_batch_items and tokens < self.max_batch_tokens:
+                    job = self._queue.popleft()
+                    while (job.taken < len(job.ids) and len(rows) < self.max_batch_items
+                           and tokens < self.max_batch_tokens):
+                        tokens += len(job.ids[job.taken])
+                        rows.append((job, job.taken))
+                        job.taken += 1
+                    if job.taken < len(job.ids):
+                        self._queue.append(job)
+                full = len(rows) >= self.max_batch_items or tokens >= self.max_batch_tokens
+                remaining = first_arrival + self.max_wait_s - time.monotonic()
+                if full or self._closing or remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            self._queued_items -= len(rows)
+            return rows
 
     def _plan(self, rows: list[Row]) -> list[tuple[Scorer, list[Row]]]:
-        """The pool's forwards: rows grouped by scorer (two models never share a forward), each
-        group cut by what its forwards cost when that is known, else by the padding limit. Called
-        with the lock held; the cutting itself runs without it (the other workers wait for this
-        plan anyway, and new requests need not)."""
+        """The batch's forwards: rows grouped by scorer (two models never share a forward), each
+        group cut by `plan_forwards`."""
         by_scorer: dict[Scorer, list[Row]] = {}
         for job, k in rows:
             by_scorer.setdefault(job.scorer, []).append((job, k))
-        groups = [(scorer, group, self._known_overhead(scorer)) for scorer, group in by_scorer.items()]
-        self._cond.release()
-        try:
-            return [(scorer, [group[i] for i in forward]) for scorer, group, overhead in groups
-                    for forward in self._cut([len(job.ids[k]) for job, k in group], overhead)]
-        finally:
-            self._cond.acquire()
-
-    def _cut(self, lengths: list[int], overhead_tokens: float | None) -> list[list[int]]:
-        return cut_pool(lengths, self.max_batch_tokens, self.max_batch_items, self.max_padding,
-                        overhead_tokens, self._workers)
-
-    def _known_overhead(self, scorer: Scorer) -> float | None:
-        cost = self._cost(scorer)
-        return cost.overhead_tokens if cost is not None else None
-
-    def _cost(self, scorer: Scorer) -> ForwardCost | None:
-        """The scorer's learned forward cost (lock held); None without `learn_cost`, or for a scorer
-        nothing can refer to weakly. Kept by the object the scorer is a method of, so it goes with
-        a swapped-out model."""
-        if not self.learn_cost:
-            return None
-        owner = getattr(scorer, "__self__", scorer)
-        try:
-            cost = self._costs.get(owner)
-            if cost is None:
-                cost = self._costs[owner] = ForwardCost()
-        except TypeError:
-            return None
-        return cost
+        return [(scorer, [group[i] for i in forward]) for scorer, group in by_scorer.items()
+                for forward in plan_forwards([len(job.ids[k]) for job, k in group],
+                                             self.max_batch_tokens, self.max_batch_items,
+                                             self.max_padding)]
 
     def _forward(self, scorer: Scorer, rows: list[Row]) -> None:
         pending = [(job, k) for job, k in rows if job.error is None]
@@ -307,23 +255,21 @@ class Batcher:
                 job.error = exc
             return
         seconds = time.perf_counter() - started
-        tokens = sum(map(len, batch))
-        padded = tokens if _packs(scorer) else max(map(len, batch)) * len(batch)
-        with self._cond:
-            self.stats["forwards"] += 1
-            self.stats["items"] += len(pending)
-            if (cost := self._cost(scorer)) is not None:
-                cost.observe(padded, seconds)
+        self.stats["forwards"] += 1
+        self.stats["items"] += len(pending)
         if self.on_forward is not None:
-            self.on_forward(len(batch), tokens, padded, seconds)
+            self.on_forward(len(batch), sum(map(len, batch)), max(map(len, batch)) * len(batch),
+                            seconds)
         for (job, k), score in zip(pending, scores, strict=True):
             job.scores[k] = float(score)
 
-
-def _packs(scorer: Scorer) -> bool:
-    """Whether `scorer` packs a forward's rows into one unpadded row (rm/model/packed.py): it costs its
-    real tokens, however its rows' lengths differ."""
-    return bool(getattr(getattr(scorer, "__self__", scorer), "packs_rows", False))
+    def _finish(self, rows: list[Row]) -> None:
+        finished = {}
+        for job, _ in rows:
+            job.done += 1
+            if job.done == len(job.ids):
+                finished[id(job)] = job
+        _deliver(list(finished.values()))
 
 
 def _deliver(jobs: list[_Job]) -> None:

@@ -37,7 +37,7 @@ from rm.verify.rules import (
     DATA_SOURCES,
     STATUSES,
     VERIFIERS,
-    Verdict,
+    Check,
     VerifierError,
     available,
     resolve,
@@ -48,8 +48,9 @@ from service.engine.advantages import group_advantages, group_stats, keep_flags
 MAX_TESTS = 1000
 
 
-class Check(NamedTuple):
-    """One item's verifier call (a NamedTuple: one is built per item of every request)."""
+class CheckSpec(NamedTuple):
+    """What one item is checked by and against: its verifier, ground truth and options (a
+    NamedTuple: one is built per item of every request)."""
     verifier: str
     ground_truth: object
     options: dict | None = None
@@ -156,15 +157,15 @@ def _available(name: str, where: str, names: set[str]) -> None:
 
 def parse_checks(items: list, limits, names: set[str], default: str,
                  where: str = "items[{i}]", truth_field: str = "{where}.ground_truth"
-                 ) -> list[Check | None]:
-    """Per item: its Check when it has ground truth (not null, not ""), else None. `where` and
+                 ) -> list[CheckSpec | None]:
+    """Per item: its CheckSpec when it has ground truth (not null, not ""), else None. `where` and
     `truth_field` shape the field names in errors (/get_reward reports `labels[3]`); they are
     formatted only for an item that needs its checks (a string ground truth within the size
     limit does not). A verifier named by a string or a data source is resolved once per request."""
     shared = _one_checker(items, limits, names, default, where)
     if shared is not None:
         return shared
-    checks: list[Check | None] = []
+    checks: list[CheckSpec | None] = []
     checked: set[str] = set()  # verifier names already found available in this request
     resolved: dict = {}  # (verifier, data_source) -> (name, None), for string or absent names
     longest = limits.max_text_chars
@@ -183,12 +184,12 @@ def parse_checks(items: list, limits, names: set[str], default: str,
             if plain:
                 resolved[spec, source] = found
         name, options = found
-        checks.append(_new(Check, (name, truth, options)) if name is not None else None)
+        checks.append(_new(CheckSpec, (name, truth, options)) if name is not None else None)
     return checks
 
 
 def _one_checker(items: list, limits, names: set[str], default: str, where: str
-                 ) -> list[Check | None] | None:
+                 ) -> list[CheckSpec | None] | None:
     """parse_checks in passes that run in C, for the usual request: every item holds a string
     ground truth within the limit, and all name the same verifier and data source (strings or
     absent). None for any other request: the loop decides, and words any error."""
@@ -204,14 +205,14 @@ def _one_checker(items: list, limits, names: set[str], default: str, where: str
     name, options = _verifier(items[0], where.format(i=0), default, names, set())
     if name is None:
         return [None] * len(items)
-    return list(map(_new, repeat(Check), zip(repeat(name), truths, repeat(options))))
+    return list(map(_new, repeat(CheckSpec), zip(repeat(name), truths, repeat(options))))
 
 
-_new = tuple.__new__  # builds a Check in C; Check(...) runs NamedTuple's Python-level __new__
+_new = tuple.__new__  # builds a CheckSpec in C; CheckSpec(...) runs NamedTuple's Python-level __new__
 _PLAIN = (str, type(None))  # a verifier named by a string, or absent; a data source likewise
 
 
-def label_checks(value: dict, n: int, limits, names: set[str], default: str) -> list[Check | None]:
+def label_checks(value: dict, n: int, limits, names: set[str], default: str) -> list[CheckSpec | None]:
     """/get_reward: `labels[i]` is item i's ground truth (OpenRLHF's `--label_key` column); an
     optional top-level `verifier` or `data_source` names the checker for all of them."""
     labels = value.get("labels")
@@ -233,27 +234,27 @@ class Combined:
     rewards: list[float]
     model: str | None
     rm: list[float] | None
-    verdicts: list[Verdict | None]
-    checks: list[Check | None] = field(repr=False)
+    results: list[Check | None]  # each item's verifier result (None: not checked)
+    checks: list[CheckSpec | None] = field(repr=False)
 
     @property
     def correct(self) -> list[bool | None]:
-        return [v.correct if v else None for v in self.verdicts]
+        return [v.correct if v else None for v in self.results]
 
     def status_counts(self) -> dict[str, int]:
-        return _in_order(Counter(v.status for v in self.verdicts if v))
+        return _in_order(Counter(v.status for v in self.results if v))
 
     def item_logs(self) -> dict[str, list[float]]:
         """/get_reward's extra_logs: numbers per item, because OpenRLHF averages each key over the
         samples it logs. The mean of `verifier_reward` (0 where no verifier applies) and of `rm`
         are the component means; `status_<s>` is 1.0 where item i got status s, so its mean is
         that status's share and its sum the count (all five keys, always, for stable charts)."""
-        logs = {"verifier_reward": [v.reward if v else 0.0 for v in self.verdicts]}
+        logs = {"verifier_reward": [v.reward if v else 0.0 for v in self.results]}
         if self.rm is not None:
             logs["rm"] = list(self.rm)
         for status in STATUSES:
             logs[f"status_{status}"] = [float(v is not None and v.status == status)
-                                        for v in self.verdicts]
+                                        for v in self.results]
         return logs
 
     def reply(self) -> dict:
@@ -262,15 +263,15 @@ class Combined:
 
     def item_fields(self) -> dict:
         """Per-item verifier results for the /score response."""
-        if self.verdicts and all(self.verdicts):  # every item checked: columns transposed in C
-            rewards, correct, _, status, extracted, _ = map(list, zip(*self.verdicts, strict=True))
+        if self.results and all(self.results):  # every item checked: columns transposed in C
+            rewards, correct, _, status, extracted, _ = map(list, zip(*self.results, strict=True))
             return {"verifier": verifier_names(self.checks), "verifier_rewards": rewards,
                     "correct": correct, "status": status, "extracted": extracted,
                     "rm_scores": self.rm, "status_counts": _in_order(Counter(status))}
         return {"verifier": verifier_names(self.checks),
-                "verifier_rewards": [v.reward if v else None for v in self.verdicts],
-                "correct": self.correct, "status": [v.status if v else None for v in self.verdicts],
-                "extracted": [v.extracted if v else None for v in self.verdicts],
+                "verifier_rewards": [v.reward if v else None for v in self.results],
+                "correct": self.correct, "status": [v.status if v else None for v in self.results],
+                "extracted": [v.extracted if v else None for v in self.results],
                 "rm_scores": self.rm, "status_counts": self.status_counts()}
 
 
@@ -278,15 +279,15 @@ def _in_order(counts: Counter) -> dict[str, int]:
     return {s: counts[s] for s in STATUSES if counts[s]}
 
 
-def verifier_names(checks: list[Check | None]) -> list[str | None]:
+def verifier_names(checks: list[CheckSpec | None]) -> list[str | None]:
     """Each item's verifier (None: no check), in C when every item has one."""
     return list(map(_VERIFIER, checks)) if all(checks) else [c and c.verifier for c in checks]
 
 
-_VERIFIER = itemgetter(0)  # of a Check
+_VERIFIER = itemgetter(0)  # of a CheckSpec
 
 
-def weigh(merged: dict[str, float], checks: list[Check | None], model_loaded: bool
+def weigh(merged: dict[str, float], checks: list[CheckSpec | None], model_loaded: bool
           ) -> tuple[list[tuple[float, float]], bool]:
     """Per item (w_rm, w_verifier), and whether the RM runs: a nonzero RM weight anywhere, or `rm`
     named at all while a model is loaded (a weight of 0 logs it without training on it)."""
@@ -296,40 +297,30 @@ def weigh(merged: dict[str, float], checks: list[Check | None], model_loaded: bo
     return list(map(by_name.__getitem__, names)), wants_rm
 
 
-def assemble(checks: list[Check | None], per_item: list[tuple[float, float]],
-             verdicts: list[Verdict | None], rm: list[float] | None, model: str | None) -> Combined:
-    """reward_i = w_rm * rm_i + w_verifier * verdict_i.reward, from verdicts aligned with items."""
-    rm_part = rm if rm is not None else [0.0] * len(verdicts)
+def assemble(checks: list[CheckSpec | None], per_item: list[tuple[float, float]],
+             results: list[Check | None], rm: list[float] | None, model: str | None) -> Combined:
+    """reward_i = w_rm * rm_i + w_verifier * result_i.reward, from results aligned with items."""
+    rm_part = rm if rm is not None else [0.0] * len(results)
     rewards = [w_rm * r + (w_v * v.reward if v else 0.0)
-               for (w_rm, w_v), r, v in zip(per_item, rm_part, verdicts, strict=True)]
-    return Combined(rewards, model, rm, verdicts, checks)
+               for (w_rm, w_v), r, v in zip(per_item, rm_part, results, strict=True)]
+    return Combined(rewards, model, rm, results, checks)
 
 
-async def combine(svc, prompts: list, responses: list[str], checks: list[Check | None],
-                  weights: dict[str, float] | None, known: dict[int, Verdict] | None = None
-                  ) -> Combined:
-    """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently.
-    `known`: verdicts already given (a whole request's call that timed out), not run again."""
+async def combine(svc, prompts: list, responses: list[str], checks: list[CheckSpec | None],
+                  weights: dict[str, float] | None) -> Combined:
+    """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently."""
     per_item, wants_rm = weigh({**svc.reward_weights, **(weights or {})}, checks,
                                svc.current is not None)
-    if known:
-        for i, v in known.items():
-            svc.verifiers.count(checks[i].verifier, v.status)
-        checks_to_run = [None if i in known else c for i, c in enumerate(checks)]
-    else:
-        checks_to_run = checks
     calls = [(c.verifier, r, c.ground_truth, c.options)
-             for c, r in zip(checks_to_run, responses, strict=True) if c is not None]
+             for c, r in zip(checks, responses, strict=True) if c is not None]
     verify_task = svc.verifiers.averify(calls) if calls else _nothing()
     if wants_rm:
-        (model, rm), verdicts = await asyncio.gather(svc.score(prompts, responses), verify_task)
+        (model, rm), results = await asyncio.gather(svc.score(prompts, responses), verify_task)
     else:  # verifier-only: no second task to schedule
-        (model, rm), verdicts = (None, None), await verify_task
-    it = iter(verdicts)
-    per_verdict = [next(it) if c is not None else None for c in checks_to_run]
-    for i, v in (known or {}).items():
-        per_verdict[i] = v
-    return assemble(checks, per_item, per_verdict, rm, model)
+        (model, rm), results = (None, None), await verify_task
+    it = iter(results)
+    per_item_results = [next(it) if c is not None else None for c in checks]
+    return assemble(checks, per_item, per_item_results, rm, model)
 
 
 async def _nothing():

@@ -1,8 +1,7 @@
 """What one running server holds: settings, the store (the single DuckDB writer), the served model,
 the batcher and the metrics, with the operations the routes call.
 
-Concurrency: the event loop serves HTTP; one batcher thread runs every model forward (on a CPU with
-2 or more cores, one thread per forward process, service/engine/forward_pool.py); one store
+Concurrency: the event loop serves HTTP; one batcher thread runs every model forward; one store
 thread runs every DuckDB statement (DuckDB allows one writer, and one connection must not be used by
 two threads at once), so uploads, reports and model look-ups queue there in arrival order while
 /score never waits for the store.
@@ -27,7 +26,6 @@ from service.api.settings import Settings, plugins_setting
 from service.engine.advantages import PassRates
 from service.engine.batcher import Batcher
 from service.engine.encoder import EncodeQueue
-from service.engine.forward_pool import ForwardPool
 from service.engine.registry import check_row
 from service.engine.rewards import weights_setting
 
@@ -39,17 +37,14 @@ UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
 # a large one's tokenization (each lane is one thread: they share the GIL with the loop, which the
 # interpreter hands over every switch interval: 0.5 ms while serving, service.api.app.tune_interpreter).
 SMALL_REQUEST_CHARS = 16_384
-# Padding allowed per real token while the batcher has not yet learned what the model's forwards
-# cost (service/engine/forward_plan.py), when BRADLEY_MAX_PADDING is unset; setting it keeps that limit
-# for good. On a CPU a padded token costs as much as a real one; a GPU wants big batches.
+# Padding allowed per real token in one forward when BRADLEY_MAX_PADDING is unset. On a CPU a
+# padded token costs as much as a real one; a GPU wants big batches.
 AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
 # Padded tokens per forward when BRADLEY_MAX_BATCH_TOKENS is unset. On the H200 (bench/gpu/run.sh) a
 # forward of the 30-layer 135M model took 31 ms for 1 row and 36 ms for 64 rows of 300 tokens
 # (bf16; kernel launches, not arithmetic): 4,096-token forwards capped the offline rate at 198
 # items/s, where 64-row ones reach ~1,800. On a CPU the cost follows the tokens.
 AUTO_BATCH_TOKENS = {"cpu": 16384, "cuda": 65536}
-# what a verifier worker runs for a whole verifier-only /score request (service/engine/verify_whole.py)
-WHOLE_HANDLER = "service.engine.verify_whole:answer_in_worker"
 
 
 class NotReady(ValueError):
@@ -84,11 +79,10 @@ class LoadedModel:
     id: str
     path: str
     rm: object  # rm.model.reward_model.RewardModel (imported lazily: it pulls in torch); it tokenizes
-    pool: ForwardPool | None = None  # on a CPU: the processes that run its forwards
 
     @property
     def scorer(self) -> Callable[[list[list[int]]], list[float]]:
-        return self.pool.score_encoded if self.pool is not None else self.rm.score_encoded
+        return self.rm.score_encoded
 
 
 class Service:
@@ -114,8 +108,7 @@ class Service:
         self.metrics.read_only.set(float(settings.read_only))
         self.verifiers = VerifierPool(settings.verifier_workers, settings.verifier_timeout_s,
                                       plugins_setting(settings.verifier_plugins),
-                                      on_status=self.metrics.on_verdict, whole=WHOLE_HANDLER,
-                                      whole_at=settings.verifier_whole_at)
+                                      on_status=self.metrics.on_check)
         self.reward_weights = weights_setting(settings.reward_weights)
         self.pass_rates = PassRates()
         self.store = None
@@ -144,8 +137,6 @@ class Service:
         drained = self.batcher.close(timeout=self.settings.drain_timeout_s)
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
-        if self.current is not None and self.current.pool is not None:
-            self.current.pool.close()  # a swapped-out model's pool closes when it is collected
         self.verifiers.close()
         self._store_thread.shutdown(wait=True)
         for encoder in self._encoders.values():
@@ -164,9 +155,7 @@ class Service:
         rm = RewardModel.load(path, device=self.settings.device)
         _set_threads(self.settings.torch_threads, rm.device.type)
         model_id = model_id or rm.model_id or Path(path).name
-        processes = forward_processes(self.settings.forward_processes, rm.device.type)
-        _tokenize_alone(processes)
-        return LoadedModel(model_id, str(path), rm, ForwardPool(path, processes) if processes else None)
+        return LoadedModel(model_id, str(path), rm)
 
     def _resolve(self, ref: str) -> tuple[str | None, str]:
         """(store id or None for a bare folder, folder)."""
@@ -184,13 +173,9 @@ class Service:
         device = getattr(getattr(loaded.rm, "device", None), "type", "cpu")
         padding, tokens = self.settings.max_padding, self.settings.max_batch_tokens
         self.batcher.max_padding = AUTO_PADDING.get(device, 1.0) if padding is None else padding
-        self.batcher.learn_cost = padding is None
         self.batcher.max_batch_tokens = tokens or AUTO_BATCH_TOKENS.get(device, 65536)
-        if loaded.pool is not None:
-            self.batcher.start(loaded.pool.processes)  # one worker per process
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
-        self.metrics.on_model(loaded.id, loaded.rm.prompts,
-                              lambda: self.batcher.overhead_tokens(loaded.scorer))
+        self.metrics.on_model(loaded.id, loaded.rm.prompts)
         log.info("serving model %s from %s", loaded.id, loaded.path)
 
     async def load_model(self, ref: str) -> LoadedModel:
@@ -329,21 +314,6 @@ class Service:
         return {k: getattr(result, k, None) for k in ("batch_id", "rows_ok", "duplicate")}
 
 
-def forward_processes(setting: int | None, device: str) -> int:
-    """Forward processes for a model on `device`: on a CPU the setting, or one per usable core when
-    there are 2 or more; on a GPU none (one process keeps one copy of the weights on the device).
-
-    >>> forward_processes(None, "cuda"), forward_processes(3, "cpu"), forward_processes(0, "cpu")
-    (0, 3, 0)
-    """
-    if device != "cpu":
-        return 0
-    if setting is not None:
-        return setting
-    cores = len(os.sched_getaffinity(0))
-    return cores if cores >= 2 else 0
-
-
 def _set_threads(threads: int | None, device: str) -> None:
     """One batcher thread runs every forward, so on a CPU it gets every core this process may use
     (BRADLEY_TORCH_THREADS or OMP_NUM_THREADS override): the event loop needs a small share."""
@@ -353,16 +323,6 @@ def _set_threads(threads: int | None, device: str) -> None:
         threads = len(os.sched_getaffinity(0))
     if threads:
         torch.set_num_threads(threads)
-
-
-def _tokenize_alone(processes: int) -> None:
-    """With a forward process on every core, the fast tokenizer's own thread pool (Rayon) finds no
-    free core and spins waiting for work, so the tokenizer thread encodes alone. The library reads
-    TOKENIZERS_PARALLELISM at each call; an operator's own setting is kept. Issue 20, tiny model,
-    64 single-sample clients, 11 alternating pairs: server process 0.47 against 0.51 ms of CPU per
-    request, items/s higher in 10 (median +3%)."""
-    if processes and "TOKENIZERS_PARALLELISM" not in os.environ:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"
 
 
 def _open_store(settings: Settings):

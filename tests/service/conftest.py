@@ -24,13 +24,12 @@ SEP = "\n\nAssistant:"
 @pytest.fixture(scope="session", autouse=True)
 def one_forward_thread():
     """The service gives its model every core by default; tests share 2 cores with the rest of the
-    suite, so servers here run one forward thread in their own process (tests/service/
-    test_forward_pool.py runs forward processes), and the session's settings are restored."""
+    suite, so servers here run one forward thread, and the session's settings are restored."""
     import os
 
     import torch
 
-    wanted = {"BRADLEY_TORCH_THREADS": "1", "BRADLEY_FORWARD_PROCESSES": "0"}
+    wanted = {"BRADLEY_TORCH_THREADS": "1"}
     previous, saved = torch.get_num_threads(), {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     yield

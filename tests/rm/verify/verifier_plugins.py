@@ -1,15 +1,14 @@
 """Verifiers the pool tests register by import path (workers import them; functions cannot travel)."""
 
-import json
 import time
 
-from rm.verify.rules import Verdict
+from rm.verify.rules import Check
 
 
 def sleepy(response, ground_truth, seconds: float = 30.0):
     """A checker that hangs: sleeps `seconds`, then claims success."""
     time.sleep(seconds)
-    return Verdict(1.0, True, True, "ok", response)
+    return Check(1.0, True, True, "ok", response)
 
 
 def crash(response, ground_truth):
@@ -19,16 +18,18 @@ def crash(response, ground_truth):
     os._exit(3)
 
 
-def whole_calls(body, context, run):
-    """A whole-request handler for the pool's own tests: the body is a JSON list of calls; the
-    reply is their rewards; `context["meta"]` is added to the answer; a body "boom" raises;
-    `sleep_before` / `sleep_after` seconds stall it outside its calls; `echo` answers the body."""
-    body = bytes(body)  # a memoryview of the shared inbox
-    if context.get("echo"):
-        return {"n": len(json.loads(body))}, body
-    if body == b"boom":
-        raise RuntimeError("boom")
-    time.sleep(context.get("sleep_before", 0))  # decoding that takes long
-    verdicts = run(json.loads(body))
-    time.sleep(context.get("sleep_after", 0))  # answering that takes long
-    return {"n": len(verdicts), **context.get("meta", {})}, json.dumps([v.reward for v in verdicts]).encode()
+class _SlowFloat:
+    """A reward the worker can only send through `json`'s fallback, which calls float() on it:
+    after its last call, while the worker answers the message."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+
+    def __float__(self) -> float:
+        time.sleep(self.seconds)
+        return 1.0
+
+
+def slow_to_answer(response, ground_truth, seconds: float = 30.0):
+    """A checker that returns at once, with a reward that takes `seconds` to send."""
+    return Check(_SlowFloat(seconds), True, True, "ok")

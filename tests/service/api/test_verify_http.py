@@ -14,18 +14,16 @@ PLUGINS = "sleepy=tests.rm.verify.verifier_plugins:sleepy"
 GSM = "How many apples are left?"
 
 
-@pytest.fixture(scope="module", params=[None, 0], ids=["split", "whole"])
-def vlive(request, tmp_path_factory, tiny_models):
+@pytest.fixture(scope="module")
+def vlive(tmp_path_factory, tiny_models):
     """rm-tiny-a plus verifiers, a 2 s verifier limit, a hanging test checker, and gsm8k for
-    ground truth that names no verifier (BRADLEY_DEFAULT_VERIFIER). Twice: requests split over
-    the workers by the main process (a lone request, the default), and every verifier-only
-    request answered whole inside a worker (service/engine/verify_whole.py, the path taken under load)."""
+    ground truth that names no verifier (BRADLEY_DEFAULT_VERIFIER)."""
     from service.api.settings import load_settings
 
     db = make_db(tmp_path_factory.mktemp("vlive") / "v.duckdb", tiny_models)
     settings = load_settings(db=db, model="rm-tiny-a", port=free_port(), device="cpu",
                              verifier_timeout_s=2.0, verifier_plugins=PLUGINS,
-                             default_verifier="gsm8k", verifier_whole_at=request.param)
+                             default_verifier="gsm8k")
     server = start_live(settings)
     assert server.service.verifiers.wait_ready()
     yield server
@@ -51,18 +49,13 @@ def test_ground_truth_alone_is_verifier_only(http):
     assert out["status_counts"] == {"ok": 2, "no_answer": 1}
 
 
-def test_whole_mode_answers_verifier_only_requests_in_a_worker(http, vlive):
-    """Under load (here: always) a verifier-only request is decoded and answered in a worker; one
-    that weighs in the reward model falls back to the main path, with the same answer shape."""
-    pool = vlive.service.verifiers
-    whole = pool.whole_at == 0
-    before = pool.whole_answers["answered"]
+def test_verifier_only_groups_and_the_reward_model_weighed_in(http):
+    """A verifier-only request with group_size gets its group fields; one that weighs in the reward
+    model gets its scores too; a bad field is named."""
     out = http.post("/score", json={"items": _items(["#### 10"] * 3), "group_size": 3}).json()
     assert out["scores"] == [1.1] * 3 and out["degenerate_groups"] == [True]
-    assert pool.whole_answers["answered"] == before + whole
     out = http.post("/score", json={"items": _items(["#### 10"]), "weights": {"rm": 1}}).json()
     assert out["rm_scores"] is not None and out["model"] == "rm-tiny-a"
-    assert pool.whole_answers["answered"] == before + 2 * whole  # answered "fallback"
     r = http.post("/score", content=b'{"items": [{"prompt": "p", "ground_truth": 1, "response": 5}]}')
     assert (r.status_code, r.json()["field"]) == (422, "items[0].response")
 
@@ -77,7 +70,7 @@ def test_whole_mode_answers_verifier_only_requests_in_a_worker(http, vlive):
     (b'{"items": [{"prompt": "p", "response": "x", "ground_truth": 1}], "group_size": 2}', 422,
      "group_size"),
 ])
-def test_hostile_bodies_get_the_same_answer_on_either_path(http, body, status, field):
+def test_hostile_bodies_with_ground_truth_name_their_field(http, body, status, field):
     r = http.post("/score", content=body)
     assert (r.status_code, r.json()["field"]) == (status, field)
 
@@ -180,9 +173,9 @@ def _calls_counted(http, verifier: str, status: str) -> float:
     return float(lines[0].split()[-1]) if lines else 0.0
 
 
-def test_every_verdict_is_counted_per_verifier_and_status(http):
-    """/metrics counts each (verifier, status) on either path: one verifier for every item (the
-    worker reads the reply's counts) and two in one request (counted pair by pair)."""
+def test_every_check_is_counted_per_verifier_and_status(http):
+    """/metrics counts each (verifier, status): one verifier for every item, and two in one
+    request."""
     keys = [("gsm8k", "ok"), ("gsm8k", "no_answer"), ("exact", "ok")]
     before = [_calls_counted(http, *k) for k in keys]
     http.post("/score", json={"items": _items(["#### 10", "#### 7", "none", "none"])})
@@ -191,18 +184,15 @@ def test_every_verdict_is_counted_per_verifier_and_status(http):
     assert [_calls_counted(http, *k) - b for k, b in zip(keys, before, strict=True)] == [3, 3, 3]
 
 
-def test_a_catastrophic_regex_times_out_and_its_batch_mates_are_scored(http, vlive):
-    """Acceptance 4 on the whole path too: the worker that ran the regex is killed at the limit,
-    the request comes back lost at that item, and the main path scores the others without it."""
-    pool = vlive.service.verifiers
-    lost = pool.whole_answers["lost"]
+def test_a_catastrophic_regex_times_out_and_its_batch_mates_are_scored(http):
+    """Acceptance 4: the worker that ran the regex is killed at the limit (+1 s), the regex item
+    is `timeout`, and the others are scored."""
     redos = {"prompt": "p", "response": "a" * 28 + "!", "verifier": "regex", "ground_truth": "(a+)+$"}
     started = time.monotonic()
     out = http.post("/score", json={"items": [*_items(["#### 10"]), redos, *_items(["#### 7"])]})
     assert time.monotonic() - started < 3.5
     assert out.json()["status"] == ["ok", "timeout", "ok"]
     assert out.json()["scores"] == [1.1, 0.0, 0.1]
-    assert pool.whole_answers["lost"] == lost + (pool.whole_at == 0)
 
 
 @pytest.mark.parametrize(("body", "status", "field"), [

@@ -7,8 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.engine.batcher import Batcher, QueueFull, ShuttingDown
-from service.engine.forward_plan import plan_forwards
+from service.engine.batcher import Batcher, QueueFull, ShuttingDown, plan_forwards
 
 
 class Recorder:
@@ -47,17 +46,10 @@ def test_plan_forwards_sorts_by_length_to_cut_padding():
     assert plan_forwards([1, 9, 1, 9], max_tokens=18, max_items=2) == [[0, 2], [1, 3]]
 
 
-class Packer(Recorder):
-    """A scorer whose forwards pack their rows (rm/model/packed.py): padding costs it nothing."""
-
-    packs_rows = True
-
-
-@pytest.mark.parametrize("scorer, padded", [(Recorder(), 4 * 9 + 4 * 9), (Packer(), 4 * 1 + 4 * 9)])
-def test_a_scorer_that_packs_its_rows_is_counted_by_its_real_tokens(scorer, padded):
-    """8 waiting rows of 1 and 9 tokens in one forward: padded, it computes 8 x 9 tokens; packed,
-    the 40 real ones, and that is what the metrics and the learned cost see."""
-    seen = []
+def test_each_forward_is_reported_with_its_real_and_padded_tokens():
+    """8 waiting rows of 1 and 9 tokens, within the padding limit only in one forward: 8 rows, 40
+    real tokens, 8 x 9 padded, which is what the metrics see."""
+    scorer, seen = Recorder(), []
 
     async def main():
         batcher = Batcher(max_batch_tokens=10_000, max_batch_items=64, max_wait_s=0.05,
@@ -68,7 +60,26 @@ def test_a_scorer_that_packs_its_rows_is_counted_by_its_real_tokens(scorer, padd
         return results
 
     assert run(main()) == [[1.0 if i % 2 else 9.0] for i in range(8)]
-    assert len(scorer.calls) == 1 and seen[0][:3] == (8, 40, padded)
+    assert len(scorer.calls) == 1 and seen[0][:3] == (8, 40, 72)
+
+
+def test_the_padding_limit_cuts_rows_of_different_lengths_apart():
+    """The same 8 rows with at most 0.5 padded tokens per real one: the 1-token rows and the
+    9-token rows go in two forwards, with no padding, in one batch."""
+    scorer = Recorder()
+
+    async def main():
+        batcher = Batcher(max_batch_tokens=10_000, max_batch_items=64, max_wait_s=0.05,
+                          max_padding=0.5).start()
+        rows = [[1] * (1 if i % 2 else 9) for i in range(8)]
+        results = await asyncio.gather(*(batcher.score(scorer, [row]) for row in rows))
+        assert batcher.close(timeout=10)
+        return results, batcher.stats
+
+    results, stats = run(main())
+    assert results == [[1.0 if i % 2 else 9.0] for i in range(8)]
+    assert sorted(sorted(map(len, call)) for call in scorer.calls) == [[1] * 4, [9] * 4]
+    assert stats == {"batches": 1, "forwards": 2, "items": 8}
 
 
 def test_concurrent_single_item_requests_share_forwards():
@@ -211,24 +222,3 @@ def test_a_large_request_does_not_hold_small_ones_behind_it():
     assert scorer.calls[0] == [[0] * 10, [1] * 10]
     assert any([7] in call for call in scorer.calls[1:3]), scorer.calls[:3]
     assert max(sum(map(len, call)) for call in scorer.calls) <= 20 + 10
-
-
-def test_workers_share_one_plan_so_rows_of_one_length_meet_in_one_forward():
-    """Two workers, a pool of 2 x 4 items: eight waiting 1-row requests of lengths 1,5,1,5,...
-    are sorted together, so the four 1-token rows and the four 5-token rows make two forwards
-    with no padding. Had each worker collected its own 4 items (1,5,1,5), the same limits would
-    have given four forwards of two rows each."""
-    scorer = Recorder()
-
-    async def main():
-        batcher = Batcher(max_batch_tokens=20, max_batch_items=4, max_wait_s=5.0,
-                          max_padding=0.0).start(workers=2)
-        lengths = [1, 5] * 4
-        out = await asyncio.gather(*(batcher.score(scorer, [[k] * n]) for k, n in enumerate(lengths)))
-        assert batcher.close(timeout=10)
-        return out, batcher.stats
-
-    out, stats = run(main())
-    assert out == [[float(k * n)] for k, n in enumerate([1, 5] * 4)]
-    assert sorted(sorted(len(row) for row in call) for call in scorer.calls) == [[1] * 4, [5] * 4]
-    assert stats == {"pools": 1, "forwards": 2, "items": 8}

@@ -190,23 +190,6 @@ def test_forward_threads(monkeypatch, threads, omp, device, expected):
     assert got == {"cores": cores, "unchanged": 5}.get(expected, expected)
 
 
-@pytest.mark.parametrize(("processes", "operator", "expected"), [
-    (2, None, "false"),    # forward processes hold every core: the tokenizer encodes alone
-    (0, None, None),       # a GPU or one core: the tokenizer's threads may help
-    (2, "true", "true"),   # the operator's setting wins
-])
-def test_tokenizer_threads_off_beside_forward_processes(monkeypatch, processes, operator, expected):
-    import os
-
-    from service.engine.runtime import _tokenize_alone
-
-    monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
-    if operator:
-        monkeypatch.setenv("TOKENIZERS_PARALLELISM", operator)
-    _tokenize_alone(processes)
-    assert os.environ.get("TOKENIZERS_PARALLELISM") == expected
-
-
 def test_score_items_checked_at_once_or_one_by_one_give_the_same_request():
     """The usual body (string prompts and responses) is read in passes that run in C; any other
     falls back to the item loop, which names the item at fault."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -85,25 +84,15 @@ def test_forward_budgets_follow_the_device_unless_set(live):
     assert (AUTO_BATCH_TOKENS, AUTO_PADDING) == ({"cpu": 16384, "cuda": 65536}, {"cpu": 0.1, "cuda": 1.0})
     batcher, service = live.service.batcher, live.service
     assert (batcher.max_batch_tokens, batcher.max_padding) == (16384, 0.1)  # a CPU model, unset
-    assert batcher.learn_cost  # the padding limit only until its forwards' cost is learned
     settings = service.settings
     try:
         service.settings = settings.model_copy(update={"max_batch_tokens": 512, "max_padding": 0.5})
         service._install(service.current)
-        assert (batcher.max_batch_tokens, batcher.max_padding, batcher.learn_cost) == (512, 0.5, False)
+        assert (batcher.max_batch_tokens, batcher.max_padding) == (512, 0.5)
     finally:
         service.settings = settings
         service._install(service.current)
-    assert batcher.max_batch_tokens == 16384 and batcher.learn_cost
-
-
-def test_the_forward_cost_is_learned_from_served_forwards(http):
-    """40 lone requests of 1 to ~200 tokens, one forward each, are enough forwards of varied size
-    for the batcher to learn what a forward costs before its first token (service/engine/forward_plan.py)."""
-    for k in range(40):
-        assert http.post("/score", json=score_body([("p", "word " * (1 + 5 * (k % 8)))])).status_code == 200
-    found = re.search(r"^bradley_forward_overhead_tokens (\S+)$", http.get("/metrics").text, re.M)
-    assert found and not math.isnan(float(found.group(1))), found
+    assert (batcher.max_batch_tokens, batcher.max_padding) == (16384, 0.1)
 
 
 def test_auth_401_without_key_403_with_wrong_key(http):
