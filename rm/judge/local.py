@@ -23,7 +23,6 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rm.model.padding import last_token_index, pad_batch
-from rm.model.reward_model import import_modeling
 
 Item = tuple[str, str, str, str]  # (prompt, first, second, principle)
 Template = Callable[[str, str, str], tuple[str, str]]
@@ -69,7 +68,6 @@ def label_token_ids(tokenizer, context: str, labels: Sequence[str]) -> list[int]
 
 def load_judge_model(name_or_path: str):
     """(AutoModelForCausalLM in eval mode, tokenizer) from a folder or id; safetensors only."""
-    import_modeling()
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging
 

@@ -1,6 +1,5 @@
 """A forward's rows of token ids as tensors: padded into a [rows, longest] batch with its
-attention mask, and the flat copy both the padded and the packed layout (rm/model/packed.py) are built
-from. Pure functions on lists and arrays.
+attention mask, built from one flat copy of the ids. Pure functions on lists and arrays.
 """
 
 from __future__ import annotations

@@ -21,14 +21,11 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 from __future__ import annotations
 
 import json
-import sys
-import threading
 from pathlib import Path
 
 import torch
 
 from rm.model import device as devices
-from rm.model import packed
 from rm.model.padding import last_token_index, pad_batch
 from rm.model.prompt_cache import PromptCache
 from rm.model.tiny_configs import tiny_config
@@ -71,17 +68,6 @@ class RewardNet(torch.nn.Module):
         hidden = self.hf.base_model(input_ids=input_ids, position_ids=positions, use_cache=False)[0]
         return self._head_at(hidden, lengths - 1)
 
-    def packed_rewards(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                       spans: list[tuple[int, int]]) -> torch.Tensor:
-        """Rewards of rows packed into one unpadded row (`rm.model.packed.layout`): attention within each
-        span, read at each span's last token (`RewardModel` installs the packed attention and
-        checks it on probe rows first)."""
-        with packed.rows(spans):
-            hidden = self.hf.base_model(input_ids=input_ids, position_ids=positions,
-                                        use_cache=False)[0]
-        last = torch.tensor([end - 1 for _, end in spans], device=hidden.device)
-        return self._head(hidden[0, last])
-
     def _head_at(self, hidden: torch.Tensor, last: torch.Tensor) -> torch.Tensor:
         """The score head on each padded row's hidden state at position `last[row]`."""
         return self._head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
@@ -115,7 +101,6 @@ class RewardModel:
         # encoders read [CLS] at position 0 and use absolute positions: they must pad on the right
         self.padding_side = tokenizer.padding_side if self.net.is_decoder else "right"
         self._layout: str | None = None  # how scoring lays out rows: _choose_layout()
-        self._deciding = threading.Lock()
 
     @classmethod
     def load(cls, path, device="auto") -> RewardModel:
@@ -137,23 +122,16 @@ class RewardModel:
     @property
     def layout(self) -> str:
         """How forwards lay out their rows, decided at the first scoring (`_choose_layout`):
-        "packed" (one unpadded row, attention per row; decoders on a CPU), "unmasked" (right-padded,
-        no mask; other causal decoders) or "masked" (padded with the mask, as trained)."""
+        "unmasked" (right-padded, no mask: causal decoders, whose attention can then take its
+        causal kernel) or "masked" (padded with the mask, as trained)."""
         if self._layout is None:
-            with self._deciding:  # the choice installs and takes off attention on the shared model
-                if self._layout is None:
-                    self._layout = self._choose_layout()
+            self._layout = self._choose_layout()
         return self._layout
 
     @property
     def scores_without_mask(self) -> bool | None:
         """Whether forwards leave the attention mask out; None before the first scoring."""
         return None if self._layout is None else self._layout != "masked"
-
-    @property
-    def packs_rows(self) -> bool:
-        """Whether a forward costs its real tokens only (packed), not rows x longest row."""
-        return self.layout == "packed"
 
     def score_encoded(self, ids: list[list[int]]) -> list[float]:
         """One forward over the batch; each score is independent of the rest of the batch."""
@@ -167,9 +145,6 @@ class RewardModel:
 
     def _rewards(self, ids: list[list[int]], layout: str) -> torch.Tensor:
         """One forward in `layout` (see `layout`)."""
-        if layout == "packed":
-            input_ids, positions, spans = packed.layout(ids)
-            return self.net.packed_rewards(input_ids.to(self.device), positions.to(self.device), spans)
         causal = layout == "unmasked"
         batch = pad_batch(ids, self.tokenizer.pad_token_id, "right" if causal else self.padding_side)
         input_ids = batch["input_ids"].to(self.device)
@@ -179,24 +154,19 @@ class RewardModel:
         return self.net(input_ids, batch["attention_mask"].to(self.device))
 
     def _choose_layout(self) -> str:
-        """The first layout whose probe passes: packed on a CPU (padding costs what tokens cost
-        there; a GPU's per-row attention calls would cost launches), then unmasked, then masked.
-        Encoders and configs that attend both ways keep the mask."""
+        """Unmasked when its probe passes, else masked. Encoders and configs that attend both ways
+        keep the mask."""
         config = self.net.hf.config
         if not self.net.is_decoder or getattr(config, "use_bidirectional_attention", False):
             return "masked"
-        if self.device.type == "cpu" and packed.install(self.net.hf):
-            if self._probe("packed"):
-                return "packed"
-            packed.uninstall(self.net.hf)
         return "unmasked" if self._probe("unmasked") else "masked"
 
     def _probe(self, layout: str) -> bool:
         """Whether two probe rows scored together in `layout` score as each does alone (unpadded,
         masked, as trained), as a causal decoder's do. One small forward; any failure says no.
         Tolerance: 1e-3 + 1% of a score + 5% of how far the two rows' scores lie apart. Attending
-        to the 7 pads after the shorter row, or across rows, or from the wrong positions, moves a
-        score by about as much as another input does; bf16 rounding on a GPU moves it far less."""
+        to the 7 pads after the shorter row, or from the wrong positions, moves a score by about as
+        much as another input does; bf16 rounding on a GPU moves it far less."""
         try:
             pad, vocab = self.tokenizer.pad_token_id, self.net.hf.get_input_embeddings().num_embeddings
             tokens = [t for t in range(1, min(vocab, 64)) if t != pad]
@@ -224,26 +194,6 @@ class RewardModel:
         return save_model(devices.unwrap(self.net).hf, self.tokenizer, out_dir, train_config, metrics)
 
 
-def import_modeling() -> None:
-    """Import transformers' modeling code, once per process, with scipy hidden from it.
-
-    Where scipy is installed (bradley's analysis needs it), transformers' modeling import loads
-    scipy.optimize for the Hungarian matching of its object-detection losses: 33 MB resident in
-    every training and scoring process, for code no reward model or policy runs. Our own later
-    scipy imports are unaffected; transformers reports scipy missing for the rest of the process
-    (its check is cached). A no-op when either is already imported.
-    """
-    if "transformers.modeling_utils" in sys.modules or "scipy" in sys.modules:
-        return
-    sys.modules["scipy"] = None  # importlib.util.find_spec now reports it absent
-    try:
-        import transformers.modeling_utils  # noqa: F401
-    except ImportError:  # a transformers that needs scipy after all: the caller's import loads both
-        pass
-    finally:
-        del sys.modules["scipy"]
-
-
 def _ensure_pad(hf_model, tokenizer) -> None:
     """Decoders often ship without a pad token: pad with eos (safe, the mask decides what is real)."""
     if tokenizer.pad_token_id is None:
@@ -255,7 +205,6 @@ def _ensure_pad(hf_model, tokenizer) -> None:
 
 def load_backbone(name_or_path: str):
     """(AutoModelForSequenceClassification with num_labels=1, tokenizer); safetensors only."""
-    import_modeling()
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
     from transformers.utils import logging
 
@@ -277,7 +226,6 @@ def load_backbone(name_or_path: str):
 
 def load_causal_lm(name_or_path: str):
     """(AutoModelForCausalLM, tokenizer) from a folder or hub id; safetensors only, pad = eos if unset."""
-    import_modeling()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     try:
@@ -334,7 +282,6 @@ def build_tiny_reward_model(out_dir, texts: list[str], hidden: int = 64, layers:
                             chat_template: bool = True) -> Path:
     """A small AutoModelForSequenceClassification(num_labels=1) from a config, random weights, with a
     byte-level BPE trained on `texts`, saved with save_pretrained (safetensors) into `out_dir`."""
-    import_modeling()
     from transformers import AutoModelForSequenceClassification
 
     tokenizer = _tiny_tokenizer(texts, vocab_size, arch, pad_equals_eos, chat_template)
@@ -351,7 +298,6 @@ def build_tiny_causal_lm(out_dir, texts: list[str], hidden: int = 64, layers: in
                          vocab_size: int = 512, padding_side: str = "right", seed: int = 0,
                          arch: str = "llama", pad_equals_eos: bool = False) -> Path:
     """The same tiny recipe as a causal LM (LlamaForCausalLM by default), for policy training."""
-    import_modeling()
     from transformers import AutoModelForCausalLM
 
     if arch == "bert":

@@ -1,13 +1,10 @@
 """Reward-model scoring: last real token for every padding, batch independence, round trips."""
 
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from rm.model import packed
 from rm.model.padding import last_token_index, pad_batch
 from rm.model.reward_model import (
     RewardModel,
@@ -57,29 +54,27 @@ def test_score_alone_equals_score_in_batch_of_32_mixed_lengths(models, case):
 
 
 def _scores_in(rm, ids, layout):
-    """Scores of `ids` in one forward laid out as `layout` ("packed", "unmasked", "masked")."""
+    """Scores of `ids` in one forward laid out as `layout` ("unmasked", "masked")."""
     with torch.inference_mode():
         return rm._rewards(ids, layout).tolist()
 
 
 @pytest.mark.parametrize("case", DECODERS)
-def test_decoders_score_packed_and_unmasked_what_the_masked_forward_scores(models, case):
-    """On a CPU a causal decoder's rows are packed into one unpadded row (attention within each
-    row); right-padded rows need no mask either: the probe at the first scoring finds each of these
-    models causal, and all three layouts give the forward-as-trained's scores."""
+def test_decoders_score_unmasked_what_the_masked_forward_scores(models, case):
+    """A causal decoder's right-padded rows need no mask: the probe at the first scoring finds
+    each of these models causal, and the unmasked forward gives the forward-as-trained's scores."""
     rm = models[case]
     ids = rm.encode(*_mixed_batch())
     served = rm.score_encoded(ids)
-    assert rm.layout == "packed" and rm.packs_rows and rm.scores_without_mask
+    assert rm.layout == "unmasked" and rm.scores_without_mask
     masked = _scores_in(rm, ids, "masked")  # the tokenizer's padding side, with the mask
     assert served == pytest.approx(masked, abs=1e-5)
-    assert _scores_in(rm, ids, "unmasked") == pytest.approx(masked, abs=1e-5)
 
 
 def test_encoders_keep_their_mask(models):
     rm = models["bert"]
     rm.score_encoded(rm.encode(*_mixed_batch(4)))
-    assert rm.layout == "masked" and rm.scores_without_mask is False and not rm.packs_rows
+    assert rm.layout == "masked" and rm.scores_without_mask is False
 
 
 def _leaky(rewards):
@@ -88,48 +83,22 @@ def _leaky(rewards):
     return lambda ids, *rest: rewards(ids, *rest) + 0.01 * ids.numel()
 
 
-@pytest.mark.parametrize("leaks, layout", [(("packed_rewards",), "unmasked"),
-                                           (("packed_rewards", "causal_rewards"), "masked")])
-def test_a_layout_whose_rows_see_each_other_is_not_used(tmp_path, monkeypatch, leaks, layout):
+def test_an_unmasked_forward_whose_rows_see_their_padding_is_not_used(tmp_path, monkeypatch):
     rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
-    for name in leaks:
-        monkeypatch.setattr(rm.net, name, _leaky(getattr(rm.net, name)))
+    monkeypatch.setattr(rm.net, "causal_rewards", _leaky(rm.net.causal_rewards))
     ids = rm.encode(*_mixed_batch(8))
     together = rm.score_encoded(ids)
-    assert rm.layout == layout
-    assert rm.net.hf.config._attn_implementation == "sdpa"  # the packed attention was taken off
+    assert rm.layout == "masked"
     assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
 
 
-@pytest.mark.parametrize("failing, layout", [(("packed_rewards",), "unmasked"),
-                                             (("packed_rewards", "causal_rewards"), "masked")])
-def test_a_layout_that_fails_is_not_used(tmp_path, monkeypatch, failing, layout):
+def test_an_unmasked_forward_that_fails_is_not_used(tmp_path, monkeypatch):
     rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
     ids = rm.encode(*_mixed_batch(4))
     expected = _scores_in(rm, ids, "masked")
-    for name in failing:
-        monkeypatch.setattr(rm.net, name, lambda *_: 1 / 0)
+    monkeypatch.setattr(rm.net, "causal_rewards", lambda *_: 1 / 0)
     assert rm.score_encoded(ids) == pytest.approx(expected, abs=1e-6)
-    assert rm.layout == layout
-
-
-def test_a_packed_forward_attends_row_by_row_with_no_mask(models, monkeypatch):
-    """What makes packing pay: one attention call per row and layer, each over that row alone,
-    causal, with no [T, T] mask (transformers would build one for these position ids, and the
-    scores would still be right: only the calls tell)."""
-    rm = models["llama-right"]
-    ids = rm.encode(*_mixed_batch(5))
-    expected = _scores_in(rm, ids, "masked")
-    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
-
-    def recorded(query, key, value, attn_mask=None, **kwargs):
-        calls.append((query.shape[2], key.shape[2], attn_mask, kwargs.get("is_causal")))
-        return sdpa(query, key, value, attn_mask=attn_mask, **kwargs)
-
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recorded)
-    assert rm.score_encoded(ids) == pytest.approx(expected, abs=1e-5)
-    layers = rm.net.hf.config.num_hidden_layers
-    assert calls == [(len(row), len(row), None, True) for row in ids] * layers
+    assert rm.layout == "masked"
 
 
 def _from_config(config_class, **fields) -> RewardModel:
@@ -145,40 +114,19 @@ def _from_config(config_class, **fields) -> RewardModel:
     return RewardModel(AutoModelForSequenceClassification.from_config(config), tok)
 
 
-def test_grouped_query_attention_is_packed_exactly():
+def test_grouped_query_attention_scores_unmasked_exactly():
     """A Llama with 4 query heads sharing 1 key/value head: each key/value head serves its group."""
     from transformers import LlamaConfig
 
     rm = _from_config(LlamaConfig, num_attention_heads=4, num_key_value_heads=1)
     ids = rm.encode(*_mixed_batch(12))
     assert rm.score_encoded(ids) == pytest.approx(_scores_in(rm, ids, "masked"), abs=1e-5)
-    assert rm.layout == "packed"
+    assert rm.layout == "unmasked"
 
 
-@pytest.mark.parametrize("refusal", ["warns", "raises"])
-def test_a_model_that_refuses_the_packed_attention_is_not_packed(tmp_path, monkeypatch, refusal):
-    """transformers only warns when a model class cannot take a registered attention (SDPA stays
-    set): that is a refusal too, or scoring would pack through transformers' dense packed mask."""
-    rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
-    refuse = (lambda name: None) if refusal == "warns" else (lambda name: 1 / 0)
-    monkeypatch.setattr(rm.net.hf, "set_attn_implementation", refuse)
-    rm.score_encoded(rm.encode(*_mixed_batch(2)))
-    assert rm.layout == "unmasked" and rm.net.hf.config._attn_implementation == "sdpa"
-
-
-def test_a_packed_forward_in_training_mode_fails_its_probe(tmp_path):
-    """Packed attention has no dropout: a model left in training mode is not packed."""
-    rm = RewardModel.load(build_tiny_reward_model(tmp_path / "m", TEXTS), device="cpu")
-    assert packed.install(rm.net.hf)
-    assert rm._probe("packed")
-    rm.net.train()
-    assert not rm._probe("packed")
-
-
-def test_a_sliding_window_model_is_not_packed():
-    """Packed rows attend within their own span, all of it: wrong for a model whose layers see only
-    the last `sliding_window` tokens. Its config keeps it unpacked; forced, the packed attention
-    refuses the window its layers ask for, and the probe says no."""
+def test_a_sliding_window_model_scores_unmasked_what_it_scores_alone():
+    """A Mistral whose layers see only the last `sliding_window` tokens: right padding still comes
+    after every real token, so the unmasked forward scores each row as alone."""
     from transformers import MistralConfig
 
     rm = _from_config(MistralConfig, num_attention_heads=2, num_key_value_heads=1, sliding_window=4)
@@ -186,39 +134,6 @@ def test_a_sliding_window_model_is_not_packed():
     together = rm.score_encoded(ids)
     assert rm.layout == "unmasked"
     assert together == pytest.approx([rm.score_encoded([x])[0] for x in ids], abs=1e-5)
-    rm.net.hf.set_attn_implementation("sdpa")
-    assert not packed.install(rm.net.hf)
-    packed._register()
-    rm.net.hf.set_attn_implementation(packed.NAME)  # forced: the windows are ignored
-    assert not rm._probe("packed")
-    with pytest.raises(NotImplementedError, match="sliding_window"):
-        _scores_in(rm, ids, "packed")
-
-
-def test_the_packed_attention_leaves_other_forwards_as_they_were(models, tmp_path):
-    """Installed on a model, the packed attention is transformers' SDPA outside a packed forward
-    (the training forward, with its mask, gives the same rewards); on another thread it is too,
-    while this one packs; and a saved model does not carry it."""
-    import threading
-
-    rm = models["llama-left"]
-    rm.score_encoded(rm.encode(*_mixed_batch(2)))
-    assert rm.net.hf.config._attn_implementation == packed.NAME
-    batch = pad_batch(rm.encode(*_mixed_batch(8)), rm.tokenizer.pad_token_id, "left")
-    with torch.inference_mode():
-        installed = rm.net(batch["input_ids"], batch["attention_mask"])
-        rm.net.hf.set_attn_implementation("sdpa")
-        plain = rm.net(batch["input_ids"], batch["attention_mask"])
-        rm.net.hf.set_attn_implementation(packed.NAME)
-        beside = []
-        with packed.rows([(0, 1)]):
-            thread = threading.Thread(target=lambda: beside.append(
-                rm.net(batch["input_ids"], batch["attention_mask"])))
-            thread.start()
-            thread.join()
-    assert installed.tolist() == plain.tolist() == beside[0].tolist()
-    save_model(rm.net.hf, rm.tokenizer, tmp_path / "saved", {}, {})
-    assert RewardModel.load(tmp_path / "saved", device="cpu").net.hf.config._attn_implementation == "sdpa"
 
 
 @pytest.mark.parametrize("flag_kept", [True, False])
@@ -329,16 +244,3 @@ def test_tiny_causal_lm_builds_and_reloads(tmp_path):
     model = AutoModelForCausalLM.from_pretrained(folder, use_safetensors=True)
     logits = model(torch.tensor([[1, 5, 9]])).logits
     assert logits.shape[:2] == (1, 3) and logits.shape[-1] == model.config.vocab_size
-
-
-@pytest.mark.parametrize("loader", ["rm.model.reward_model:load_causal_lm", "rm.model.reward_model:load_backbone"])
-def test_loading_a_model_leaves_scipy_out_of_the_process(tmp_path, loader):
-    """transformers' modeling import would bring scipy.optimize (33 MB resident) into every
-    training and scoring process (rm/model/reward_model.py: import_modeling); our own scipy imports still work."""
-    folder = build_tiny_causal_lm(tmp_path / "lm", TEXTS)
-    module, name = loader.split(":")
-    code = (f"import sys; from {module} import {name}; {name}({str(folder)!r}); "
-            "print('scipy' in sys.modules); import scipy.stats; print(scipy.stats.norm.cdf(0.0))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.split() == ["False", "0.5"]
