@@ -38,13 +38,15 @@ FLAG_MIN_N = 10       # 95% bound below it too, over at least this many verdicts
 # --- statistics on plain arrays ------------------------------------------------------------
 
 
-def pairwise_agreement(counts: np.ndarray, ties: bool = True) -> tuple[float | None, int]:
+def pairwise_agreement(counts: np.ndarray, ties: bool = True,
+                       weights: np.ndarray | None = None) -> tuple[float | None, int]:
     """Share of agreeing pairs among all unordered pairs of verdicts on the same item.
 
     agreement = Σ_i Σ_c C(n_ic, 2) / Σ_i C(n_i, 2), with n_ic the verdicts of category c on item i.
     Without ties, tie verdicts are dropped first (pairs where either verdict is a tie).
     Returns (agreement or None when there is no pair, number of pairs). The measure used by
-    Zheng et al. 2023 (MT-Bench) for judge–human and human–human agreement.
+    Zheng et al. 2023 (MT-Bench) for judge–human and human–human agreement. `weights`: how many
+    items each row of counts stands for (default one each).
 
     Item 1: first, first, second (3 pairs, 1 agrees); item 2: tie, first (1 pair, 0 agree).
     >>> counts = np.array([[2, 1, 0], [1, 0, 1]])
@@ -52,11 +54,16 @@ def pairwise_agreement(counts: np.ndarray, ties: bool = True) -> tuple[float | N
     ((0.25, 4), (0.3333333333333333, 3))
     """
     counts = np.asarray(counts, dtype=np.int64)
+    weights = _ones_or(weights, len(counts))
     if not ties:
         counts = counts[:, :2]
-    pairs = int(np.sum(_choose2(counts.sum(axis=1))))
-    agree = int(np.sum(_choose2(counts)))
+    pairs = int(np.sum(weights * _choose2(counts.sum(axis=1))))
+    agree = int(np.sum(weights[:, None] * _choose2(counts)))
     return (agree / pairs if pairs else None), pairs
+
+
+def _ones_or(weights, n: int) -> np.ndarray:
+    return np.ones(n, dtype=np.int64) if weights is None else np.asarray(weights, dtype=np.int64)
 
 
 def _choose2(n):
@@ -83,11 +90,12 @@ def cohen_kappa(confusion: np.ndarray) -> np.ndarray:
         return (p_o - p_e) / (1.0 - p_e)
 
 
-def fleiss_kappa(counts: np.ndarray) -> float:
+def fleiss_kappa(counts: np.ndarray, weights: np.ndarray | None = None) -> float:
     """Fleiss' kappa for N items each rated by the same number m of raters into k categories.
 
     P_i = (Σ_c n_ic² − m) / (m(m−1)), P̄ = mean P_i, p_c = Σ_i n_ic / (N m), P̄_e = Σ_c p_c²,
     κ = (P̄ − P̄_e) / (1 − P̄_e)  (Fleiss 1971, "Measuring nominal scale agreement among many raters").
+    `weights`: how many items each row stands for (default one each).
 
     Two items, three raters: (3, 0) and (1, 2): P = (1, 1/3), P̄ = 2/3, p = (2/3, 1/3),
     P̄_e = 5/9, κ = (2/3 − 5/9) / (4/9) = 0.25.
@@ -100,31 +108,45 @@ def fleiss_kappa(counts: np.ndarray) -> float:
         raise ValueError("Fleiss' kappa needs every item rated by the same number (>= 2) of raters; "
                          "select items with equal counts first")
     m = m[0]
+    weights = _ones_or(weights, len(counts)).astype(float)
     p_item = (np.sum(counts**2, axis=1) - m) / (m * (m - 1))
-    p_cat = counts.sum(axis=0) / counts.sum()
+    p_cat = weights @ counts / (weights.sum() * m)
     p_e = np.sum(p_cat**2)
-    return float((p_item.mean() - p_e) / (1 - p_e)) if p_e < 1 else float("nan")
+    return float((weights @ p_item / weights.sum() - p_e) / (1 - p_e)) if p_e < 1 else float("nan")
 
 
-def krippendorff_alpha(counts: np.ndarray) -> float | None:
+def krippendorff_alpha(counts: np.ndarray, weights: np.ndarray | None = None) -> float | None:
     """Krippendorff's alpha, nominal, from an (items × categories) count matrix; items with fewer
-    than two values are not pairable and are dropped. Computed by the `krippendorff` package.
+    than two values are not pairable and are dropped. `weights`: how many items each row stands
+    for (default one each), so items with the same counts can come as one row.
 
-    α = 1 − D_o / D_e from the coincidence matrix (Krippendorff 2011, "Computing Krippendorff's
-    alpha-reliability"). None when undefined (no pairable item, or a single category overall).
+    α = 1 − D_o / D_e from the coincidence matrix o_ck = Σ_u (n_uc n_uk − [c = k] n_uc) / (m_u − 1),
+    D_o ∝ Σ_{c≠k} o_ck, D_e ∝ Σ_{c≠k} n_c n_k / (n − 1) (Krippendorff 2011, "Computing
+    Krippendorff's alpha-reliability"; the `krippendorff` package computes the same). None when
+    undefined (no pairable item, or a single category overall).
 
     Item 1: first, first; item 2: first, second. D_o = 2/4, D_e = 2·3·1/(4·3), α = 0.
     >>> krippendorff_alpha(np.array([[2, 0, 0], [1, 1, 0]]))
     0.0
+    >>> one_row_each = krippendorff_alpha(np.array([[2, 0, 0]] * 3 + [[1, 1, 0]]))
+    >>> krippendorff_alpha(np.array([[2, 0, 0], [1, 1, 0]]), weights=np.array([3, 1])) == one_row_each
+    True
     """
-    import krippendorff
-
-    counts = np.asarray(counts)
-    counts = counts[counts.sum(axis=1) >= 2]
-    if len(counts) == 0 or np.count_nonzero(counts.sum(axis=0)) < 2:
+    counts = np.asarray(counts, dtype=float)
+    weights = _ones_or(weights, len(counts)).astype(float)
+    m = counts.sum(axis=1)
+    pairable = m >= 2
+    counts, weights, m = counts[pairable], weights[pairable], m[pairable]
+    if len(counts) == 0 or np.count_nonzero(weights @ counts) < 2:
         return None
-    value = float(krippendorff.alpha(value_counts=counts, level_of_measurement="nominal"))
-    return value if np.isfinite(value) else None
+    scaled = counts * (weights / (m - 1))[:, None]
+    coincidences = scaled.T @ counts - np.diag(scaled.sum(axis=0))
+    n_c = coincidences.sum(axis=0)
+    expected = (np.outer(n_c, n_c) - np.diag(n_c)) / (n_c.sum() - 1)
+    different = 1 - np.eye(len(n_c))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        value = 1 - np.sum(coincidences * different) / np.sum(expected * different)
+    return float(value) if np.isfinite(value) else None
 
 
 def leave_one_out_majority(counts: np.ndarray, item: np.ndarray, category: np.ndarray) -> tuple:
@@ -154,11 +176,20 @@ def matched_agreement(cat_x: np.ndarray, cat_y: np.ndarray) -> dict:
     >>> matched_agreement(np.array([0, 1, 2, 0]), np.array([0, 0, 2, 2]))
     {'with_ties': 0.5, 'without_ties': 0.5, 'n': 4, 'n_without_ties': 2}
     """
-    same = np.asarray(cat_x) == np.asarray(cat_y)
-    strict = (np.asarray(cat_x) != TIE) & (np.asarray(cat_y) != TIE)
-    return {"with_ties": _share(same.sum(), len(same)),
-            "without_ties": _share((same & strict).sum(), strict.sum()),
-            "n": int(len(same)), "n_without_ties": int(strict.sum())}
+    cells = np.asarray(cat_x, dtype=np.int64) * 3 + np.asarray(cat_y, dtype=np.int64)
+    return confusion_agreement(np.bincount(cells, minlength=9).reshape(3, 3))
+
+
+def confusion_agreement(confusion: np.ndarray) -> dict:
+    """`matched_agreement` from the 3×3 counts of matched pairs by (category x, category y).
+
+    >>> confusion_agreement(np.array([[1, 0, 1], [1, 0, 0], [0, 0, 1]]))
+    {'with_ties': 0.5, 'without_ties': 0.5, 'n': 4, 'n_without_ties': 2}
+    """
+    strict = confusion[:TIE, :TIE]
+    return {"with_ties": _share(np.trace(confusion), confusion.sum()),
+            "without_ties": _share(np.trace(strict), strict.sum()),
+            "n": int(confusion.sum()), "n_without_ties": int(strict.sum())}
 
 
 def _share(k, n) -> float | None:
@@ -174,71 +205,124 @@ def analyze(table: pa.Table, min_overlap: int = MIN_OVERLAP) -> dict:
     Statistics that need two verdicts on an item are None (with n = 0) when no item has two.
     """
     v = verdict_items(table)
+    voices = collapse(v.item, v.rater, v.category)[1]
+    busy = busiest_raters(np.bincount(voices, minlength=len(v.rater_names)), min_overlap)
+    return finish(block_counts(v, busy), v.rater_names, busy, min_overlap)
+
+
+def busiest_raters(voices: np.ndarray, min_overlap: int = MIN_OVERLAP) -> np.ndarray:
+    """Codes of the raters Cohen's kappa is computed among: the MAX_KAPPA_RATERS with the most
+    voices (items judged; the lower code first among equals) that have at least `min_overlap`,
+    so that pairing raters stays linear in the items. Sorted.
+
+    >>> busiest_raters(np.array([30, 5, 30, 12]), min_overlap=10).tolist()
+    [0, 2, 3]
+    """
+    voices = np.asarray(voices)
+    busy = np.zeros(len(voices), dtype=bool)
+    busy[np.argsort(-voices, kind="stable")[:MAX_KAPPA_RATERS]] = True
+    return np.flatnonzero(busy & (voices >= min_overlap))
+
+
+def block_counts(v: Verdicts, busy: np.ndarray) -> dict:
+    """What agreement adds up over items, for the items of `v` (each with all its verdicts): the
+    distinct category counts of items (`profiles`, with `items` of each), the confusion counts of
+    every pair of `busy` raters, per rater the leave-one-out majorities met, the human–AI
+    confusions and the position counts. `add_counts` joins two blocks, `finish` gives the analysis."""
     item, rater, cat = collapse(v.item, v.rater, v.category)
     counts = category_counts(item, cat, v.n_items)
-    with_ties, n_pairs = pairwise_agreement(counts)
-    without_ties, n_pairs_strict = pairwise_agreement(counts, ties=False)
+    profiles, items = np.unique(counts.reshape(-1, 3), axis=0, return_counts=True)
+    has, agrees = leave_one_out_majority(counts, item, cat)
+    n_raters = len(v.rater_names)
+    return {"n_judgments": int(len(v.item)), "profiles": profiles, "items": items,
+            "kappa": _kappa_confusions(item, rater, cat, busy, n_raters),
+            "loo_n": np.bincount(rater, weights=has, minlength=n_raters),
+            "loo_k": np.bincount(rater, weights=agrees, minlength=n_raters),
+            "human_ai": _human_ai_confusions(item, rater, cat, v.rater_names),
+            "position": _position_counts(v)}
+
+
+def add_counts(total: dict | None, block: dict) -> dict:
+    """Two blocks' counts as one."""
+    if total is None:
+        return dict(block)
+    out = {key: total[key] + block[key] for key in block if key not in ("profiles", "items")}
+    profiles, where = np.unique(np.concatenate([total["profiles"], block["profiles"]]), axis=0,
+                                return_inverse=True)
+    items = np.concatenate([total["items"], block["items"]])
+    out.update(profiles=profiles, items=np.bincount(where.ravel(), items, len(profiles)).astype(np.int64))
+    return out
+
+
+def finish(counts: dict, rater_names, busy: np.ndarray, min_overlap: int = MIN_OVERLAP) -> dict:
+    """The analysis from the counts of every item (`busy`: the raters `block_counts` was given)."""
+    profiles, items = counts["profiles"], counts["items"]
+    with_ties, n_pairs = pairwise_agreement(profiles, weights=items)
+    without_ties, n_pairs_strict = pairwise_agreement(profiles, ties=False, weights=items)
     return {
-        "n_judgments": int(len(v.item)),
-        "n_items": v.n_items,
-        "n_items_multi": int(np.sum(counts.sum(axis=1) >= 2)),
-        "n_raters": int(len(v.rater_names)),
+        "n_judgments": counts["n_judgments"],
+        "n_items": int(items.sum()),
+        "n_items_multi": int(items[profiles.sum(axis=1) >= 2].sum()),
+        "n_raters": int(len(rater_names)),
         "pairwise_with_ties": with_ties,
         "pairwise_without_ties": without_ties,
         "n_pairs": n_pairs,
         "n_pairs_without_ties": n_pairs_strict,
-        "cohen_kappa": rater_pair_kappas(item, rater, cat, v.rater_names, min_overlap),
-        "fleiss_kappa": _fleiss_where_it_applies(counts),
-        "krippendorff_alpha": krippendorff_alpha(counts),
-        **_per_rater(counts, item, rater, cat, v.rater_names),
-        "human_ai": _human_ai(item, rater, cat, v.rater_names),
-        "position_consistency": _position_consistency(v),
+        "cohen_kappa": _kappa_list(counts["kappa"], rater_names, busy, min_overlap),
+        "fleiss_kappa": _fleiss_where_it_applies(profiles, items),
+        "krippendorff_alpha": krippendorff_alpha(profiles, items),
+        **_per_rater(counts["loo_n"], counts["loo_k"], rater_names),
+        "human_ai": {rater_names[r]: confusion_agreement(c)
+                     for r, c in enumerate(counts["human_ai"]) if c.sum()},
+        "position_consistency": _position_consistency(counts["position"], rater_names),
     }
 
 
-def rater_pair_kappas(item, rater, cat, rater_names, min_overlap: int = MIN_OVERLAP) -> list:
-    """Cohen's kappa for every pair of raters who share at least `min_overlap` items, among the
-    MAX_KAPPA_RATERS busiest raters (so the pairing join stays linear in the items), from the
-    collapsed verdicts; a list of {rater_1, rater_2, n, agreement, kappa} sorted by rater ids."""
-    load = np.bincount(rater, minlength=len(rater_names))
-    busy = np.zeros(len(load), dtype=bool)
-    busy[np.argsort(-load, kind="stable")[:MAX_KAPPA_RATERS]] = True
-    busy &= load >= min_overlap
-    frame = pd.DataFrame({"item": item, "rater": rater, "cat": cat})[busy[rater]]
+def _kappa_confusions(item, rater, cat, busy, n_raters) -> np.ndarray:
+    """(busy × busy × 3 × 3) counts of items two busy raters (lower code first) both judged, by
+    their two categories."""
+    slot = np.full(n_raters, -1)
+    slot[busy] = np.arange(len(busy))
+    width = len(busy)
+    frame = pd.DataFrame({"item": item, "rater": slot[rater], "cat": cat})
+    frame = frame[frame["rater"].to_numpy() >= 0]
     pairs = frame.merge(frame, on="item", suffixes=("_1", "_2"))
     pairs = pairs[pairs["rater_1"] < pairs["rater_2"]]
-    if pairs.empty:
+    cells = ((pairs["rater_1"].to_numpy() * width + pairs["rater_2"].to_numpy()) * 3
+             + pairs["cat_1"].to_numpy()) * 3 + pairs["cat_2"].to_numpy()
+    return np.bincount(cells, minlength=width * width * 9).reshape(width, width, 3, 3)
+
+
+def _kappa_list(confusion, rater_names, busy, min_overlap) -> list:
+    """Cohen's kappa for every pair of busy raters sharing at least `min_overlap` items: a list of
+    {rater_1, rater_2, n, agreement, kappa} sorted by rater ids."""
+    n = confusion.sum(axis=(2, 3))
+    first, second = np.nonzero(n >= max(min_overlap, 1))
+    if len(first) == 0:
         return []
-    pair, uniques = pd.factorize(pairs["rater_1"].to_numpy() * len(rater_names)
-                                 + pairs["rater_2"].to_numpy(), sort=True)
-    cells = pair * 9 + pairs["cat_1"].to_numpy() * 3 + pairs["cat_2"].to_numpy()
-    confusion = np.bincount(cells, minlength=len(uniques) * 9).reshape(-1, 3, 3)
-    n = confusion.sum(axis=(1, 2))
-    keep = n >= min_overlap
-    kappas = cohen_kappa(confusion[keep])
-    agreement = np.trace(confusion[keep], axis1=1, axis2=2) / n[keep]
-    r1, r2 = np.divmod(np.asarray(uniques)[keep], len(rater_names))
-    return [{"rater_1": rater_names[a], "rater_2": rater_names[b], "n": int(m),
+    tables = confusion[first, second]
+    kappas = cohen_kappa(tables)
+    agreement = np.trace(tables, axis1=1, axis2=2) / n[first, second]
+    return [{"rater_1": rater_names[busy[a]], "rater_2": rater_names[busy[b]], "n": int(m),
              "agreement": float(g), "kappa": _finite(k)}
-            for a, b, m, g, k in zip(r1, r2, n[keep], agreement, kappas, strict=True)]
+            for a, b, m, g, k in zip(first, second, n[first, second], agreement, kappas, strict=True)]
 
 
-def _fleiss_where_it_applies(counts: np.ndarray) -> dict | None:
+def _fleiss_where_it_applies(profiles: np.ndarray, items: np.ndarray) -> dict | None:
     """Fleiss needs a constant number of ratings: use the most common count among items with 2+."""
-    m = counts.sum(axis=1)
-    multi = m[m >= 2]
-    if len(multi) == 0:
+    m = profiles.sum(axis=1)
+    multi = m >= 2
+    if not items[multi].sum():
         return None
-    sizes, freq = np.unique(multi, return_counts=True)
+    sizes = np.unique(m[multi])
+    freq = np.array([items[m == size].sum() for size in sizes])
     size = int(sizes[np.argmax(freq)])
-    return {"kappa": _finite(fleiss_kappa(counts[m == size])), "raters_per_item": size,
-            "n_items": int(freq.max())}
+    return {"kappa": _finite(fleiss_kappa(profiles[m == size], items[m == size])),
+            "raters_per_item": size, "n_items": int(freq.max())}
 
 
-def _per_rater(counts, item, rater, cat, rater_names) -> dict:
-    has, agrees = leave_one_out_majority(counts, item, cat)
-    n = np.bincount(rater, weights=has, minlength=len(rater_names))
-    k = np.bincount(rater, weights=agrees, minlength=len(rater_names))
+def _per_rater(n, k, rater_names) -> dict:
+    """Each rater's agreement with the leave-one-out majority: `k` met of `n` verdicts with one."""
     low, high = wilson_interval(k, n)
     share = k / np.maximum(n, 1)
     flagged = np.zeros(len(n), dtype=bool)
@@ -259,34 +343,47 @@ def _is_kind(rater_names: np.ndarray, prefix: str) -> np.ndarray:
     return np.array([str(name).startswith(prefix) for name in rater_names], dtype=bool)
 
 
-def _human_ai(item, rater, cat, rater_names) -> dict:
+def _human_ai_confusions(item, rater, cat, rater_names) -> np.ndarray:
+    """(raters × 3 × 3): per AI rater, its verdicts matched with every human verdict on the same
+    item, counted by (human category, AI category)."""
     human, ai = _is_kind(rater_names, "human:"), _is_kind(rater_names, "ai:")
     humans = pd.DataFrame({"item": item[human[rater]], "cat_h": cat[human[rater]]})
     judges = pd.DataFrame({"item": item[ai[rater]], "ai": rater[ai[rater]], "cat_ai": cat[ai[rater]]})
     matched = humans.merge(judges, on="item")
-    return {rater_names[r]: matched_agreement(group["cat_h"].to_numpy(), group["cat_ai"].to_numpy())
-            for r, group in matched.groupby("ai", sort=True)}
+    cells = (matched["ai"].to_numpy() * 3 + matched["cat_h"].to_numpy()) * 3 + matched["cat_ai"].to_numpy()
+    return np.bincount(cells.astype(np.int64), minlength=len(rater_names) * 9).reshape(-1, 3, 3)
 
 
-def _position_consistency(v: Verdicts) -> dict:
-    """Per AI rater, over items it judged in both orders: the share whose (oriented) verdict did
-    not change with the order, and how often the response shown first won (1/2 = no position bias)."""
+def _position_counts(v: Verdicts) -> np.ndarray:
+    """(raters × 4), per AI rater over the items it judged in both orders: items, items whose
+    (oriented) verdict did not change with the order, verdicts won by the response shown first,
+    decided verdicts."""
     ai = _is_kind(v.rater_names, "ai:")[v.rater]
     frame = pd.DataFrame({"item": v.item[ai], "rater": v.rater[ai], "swapped": v.swapped[ai],
                           "cat": v.category[ai]})
     both = frame.groupby(["item", "rater"])["swapped"].transform("nunique") == 2
     frame = frame[both]
-    shown_first_won = (frame["cat"] != TIE) & ((frame["cat"] == HI) == frame["swapped"])
-    frame = frame.assign(decided=frame["cat"] != TIE, shown_first_won=shown_first_won)
-    result = {}
-    for r, group in frame.groupby("rater", sort=True):
-        order = collapse(*(group[c].to_numpy() for c in ("item", "swapped", "cat")))
-        as_shown, reversed_ = order[2][~order[1]], order[2][order[1]]
-        result[v.rater_names[r]] = {
-            "consistency": _share(np.sum(as_shown == reversed_), len(as_shown)),
-            "n": int(len(as_shown)),
-            "first_shown_win_rate": _share(group["shown_first_won"].sum(), group["decided"].sum())}
-    return result
+    cat, swapped, rater = (frame[c].to_numpy() for c in ("cat", "swapped", "rater"))
+    shown_first_won = (cat != TIE) & ((cat == HI) == swapped)
+    # one verdict per (rater, item, order): sorted, each item's two orders are neighbours
+    per_order = frame.groupby(["rater", "item", "swapped"], sort=True)["cat"].agg(["min", "max"])
+    order_cat = np.where(per_order["min"] == per_order["max"], per_order["min"], TIE)
+    order_rater = per_order.index.get_level_values(0).to_numpy()[::2]
+    n_raters = len(v.rater_names)
+    return np.column_stack([
+        np.bincount(order_rater, minlength=n_raters),
+        np.bincount(order_rater, weights=order_cat[::2] == order_cat[1::2], minlength=n_raters),
+        np.bincount(rater, weights=shown_first_won, minlength=n_raters),
+        np.bincount(rater, weights=cat != TIE, minlength=n_raters)])
+
+
+def _position_consistency(position: np.ndarray, rater_names) -> dict:
+    """Per AI rater, over items it judged in both orders: the share whose (oriented) verdict did
+    not change with the order, and how often the response shown first won (1/2 = no position bias)."""
+    return {rater_names[r]: {"consistency": _share(position[r, 1], position[r, 0]),
+                             "n": int(position[r, 0]),
+                             "first_shown_win_rate": _share(position[r, 2], position[r, 3])}
+            for r in np.flatnonzero(position[:, 0] > 0)}
 
 
 def _finite(x) -> float | None:

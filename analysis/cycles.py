@@ -178,29 +178,68 @@ def analyze(table: pa.Table, n_worst: int = N_WORST, n_boot: int | None = None) 
     to about BOOT_BUDGET judgments refitted (100 for small stores, none above 50k judgments).
     """
     v = verdict_items(table)
-    votes = _item_votes(v)
-    nodes = _nodes(v)
-    node_i, node_j, _, node_prompt = nodes
+    counts = block_counts(v, n_worst)
+    return finish(counts, default_n_boot(counts["n_judgments"]) if n_boot is None else n_boot, v)
+
+
+def default_n_boot(n_judgments: int) -> int:
+    """Bootstrap replicates that refit about BOOT_BUDGET judgments; none when fewer than 10 fit."""
+    n_boot = min(100, BOOT_BUDGET // max(n_judgments, 1))
+    return n_boot if n_boot >= 10 else 0
+
+
+def block_counts(v: Verdicts, n_worst: int = N_WORST) -> dict:
+    """What the analysis adds up over prompts, for the prompts of `v` (each with all its verdicts):
+    counts, the floors' loss sums, free Bradley–Terry scores, and the block's `n_worst` worst cycles
+    (`worst`: (vote margin, share margin, record), worst first). `add_counts` joins two blocks of
+    prompts; `finish` turns the sums into the analysis."""
+    votes, nodes = _item_votes(v), _nodes(v)
+    node_i, node_j, node_response, node_prompt = nodes
     strict = votes["lo"] != votes["hi"]
     sign = np.where(votes["lo"] > votes["hi"], 1, -1)
     a, b, c, cyclic = triads(node_i[strict], node_j[strict], sign[strict])
-    n_total = int(votes["n"].sum())
-    if n_boot is None:
-        n_boot = min(100, BOOT_BUDGET // max(n_total, 1))
-        n_boot = n_boot if n_boot >= 10 else 0
+    entropy_loss, bt_loss = _floor_sums(v, votes, nodes)
     return {
-        "n_judgments": n_total,
+        "n_judgments": int(votes["n"].sum()),
         "n_items": v.n_items,
         "n_prompts": int(len(np.unique(v.item_prompt))),
-        "votes_per_item": n_total / v.n_items if v.n_items else None,
         "n_strict_pairs": int(strict.sum()),
         "n_triads": int(len(a)),
         "n_cyclic_triads": int(cyclic.sum()),
         "n_prompts_with_cycles": int(len(np.unique(node_prompt[a[cyclic]]))),
         **_condorcet(v, node_i, node_j, votes, node_prompt),
-        **_floors(v, votes, nodes, n_boot),
-        "worst_cycles": _worst_cycles(v, votes, nodes, (a[cyclic], b[cyclic], c[cyclic]), n_worst),
+        "entropy_loss": entropy_loss, "bt_loss": bt_loss,
+        "n_bt_params": _n_free_scores(node_i, node_j, len(node_response)),
+        "worst": _worst_cycles(v, votes, nodes, (a[cyclic], b[cyclic], c[cyclic]), n_worst),
     }
+
+
+def add_counts(total: dict | None, block: dict, n_worst: int = N_WORST) -> dict:
+    """Two blocks' counts as one (`total` first: of two equally bad cycles the earlier is kept,
+    as one block holding both prompts would)."""
+    if total is None:
+        return dict(block)
+    out = {key: total[key] + block[key] for key in block if key != "worst"}
+    out["worst"] = sorted(total["worst"] + block["worst"], key=lambda w: (-w[0], -w[1]))[:n_worst]
+    return out
+
+
+def finish(counts: dict, n_boot: int = 0, whole: Verdicts | None = None) -> dict:
+    """The analysis from the counts of every prompt. The bootstrap (n_boot > 0) refits the whole
+    data at once, so it needs `whole`: the Verdicts the counts came from, as one block."""
+    n_total, n_items = counts["n_judgments"], counts["n_items"]
+    result = {key: counts[key] for key in ("n_judgments", "n_items", "n_prompts")}
+    result["votes_per_item"] = n_total / n_items if n_items else None
+    for key in ("n_strict_pairs", "n_triads", "n_cyclic_triads", "n_prompts_with_cycles",
+                "n_prompts_complete", "n_condorcet_winners"):
+        result[key] = counts[key]
+    ent = counts["entropy_loss"] / n_total if n_total else 0.0
+    bt = counts["bt_loss"] / n_total if n_total else 0.0
+    df = n_items - counts["n_bt_params"]
+    null = _bootstrap(whole, n_boot) if n_boot and df > 0 and whole is not None else None
+    result.update(_floors(ent, bt, counts, n_boot, null))
+    result["worst_cycles"] = [record for _, _, record in counts["worst"]]
+    return result
 
 
 def loss_floors(table: pa.Table) -> dict:
@@ -216,22 +255,33 @@ def loss_floors(table: pa.Table) -> dict:
     if table.num_rows == 0:
         return {"entropy_floor": None, "bt_floor": None}
     v = verdict_items(table)
-    ent, bt = _plug_in_floors(v, _item_votes(v), _nodes(v))
-    return {"entropy_floor": ent, "bt_floor": bt}
+    votes = _item_votes(v)
+    entropy_loss, bt_loss = _floor_sums(v, votes, _nodes(v))
+    n_total = float(votes["n"].sum())
+    return {"entropy_floor": entropy_loss / n_total, "bt_floor": bt_loss / n_total}
 
 
-def _plug_in_floors(v: Verdicts, votes: dict, nodes: tuple) -> tuple[float, float]:
+def _floor_sums(v: Verdicts, votes: dict, nodes: tuple) -> tuple[float, float]:
+    """Σ_i n_i H(p̂_i) and the Bradley–Terry log-loss summed over the verdicts (see the floors)."""
     node_i, node_j = nodes[0], nodes[1]
-    bt, _ = bradley_terry_floor(v.item_prompt, node_i, node_j, votes["n"], votes["p_hat"])
-    return entropy_floor(votes["n"], votes["p_hat"]), bt
+    theta = bradley_terry_fit(v.item_prompt, node_i, node_j, votes["n"], votes["p_hat"])
+    bt = float(item_log_loss(theta, node_i, node_j, votes["n"], votes["p_hat"]).sum())
+    return float(np.sum(np.asarray(votes["n"], dtype=float) * binary_entropy(votes["p_hat"]))), bt
 
 
-def _floors(v: Verdicts, votes: dict, nodes: tuple, n_boot: int) -> dict:
-    node_i, node_j, node_response, _ = nodes
-    n, p_hat, n_total = votes["n"], votes["p_hat"], int(votes["n"].sum())
-    ent, bt = _plug_in_floors(v, votes, nodes)
-    n_bt_params = _n_free_scores(node_i, node_j, len(node_response))
-    df = v.n_items - n_bt_params
+def _bootstrap(v: Verdicts, n_boot: int) -> tuple[float, np.ndarray]:
+    """The prior precision chosen by cross-validation and the gaps of `n_boot` transitive replicates."""
+    votes, (node_i, node_j, _, _) = _item_votes(v), _nodes(v)
+    n = votes["n"]
+    prior = choose_prior(v.item_prompt, node_i, node_j, votes)
+    shrunk = bradley_terry_fit(v.item_prompt, node_i, node_j, n, votes["p_hat"], ridge=prior)
+    return prior, transitive_null_gaps(v.item_prompt, node_i, node_j, n, votes["ties"], shrunk, n_boot,
+                                       theta_sd=laplace_sd(shrunk, node_i, node_j, n, prior))
+
+
+def _floors(ent: float, bt: float, counts: dict, n_boot: int, null) -> dict:
+    n_total, n_items, n_bt_params = counts["n_judgments"], counts["n_items"], counts["n_bt_params"]
+    df = n_items - n_bt_params
     floors = {
         "entropy_floor": ent,
         "bt_floor": bt,
@@ -246,19 +296,16 @@ def _floors(v: Verdicts, votes: dict, nodes: tuple, n_boot: int) -> dict:
         "gap_bootstrap_corrected": None,
         "gap_bootstrap_p_value": None,
     }
-    if n_total >= MIN_VOTES_ASYMPTOTIC * v.n_items:
-        floors.update(entropy_floor_corrected=ent + optimism_correction(v.n_items, n_total),
+    if n_total >= MIN_VOTES_ASYMPTOTIC * n_items:
+        floors.update(entropy_floor_corrected=ent + optimism_correction(n_items, n_total),
                       bt_floor_corrected=bt + optimism_correction(n_bt_params, n_total),
                       gap_corrected=bt - ent - optimism_correction(df, n_total),
                       transitivity_p_value=transitivity_p_value(bt - ent, n_total, df))
-    if n_boot and df > 0:
-        prior = choose_prior(v.item_prompt, node_i, node_j, votes)
-        shrunk = bradley_terry_fit(v.item_prompt, node_i, node_j, n, p_hat, ridge=prior)
-        null = transitive_null_gaps(v.item_prompt, node_i, node_j, n, votes["ties"], shrunk, n_boot,
-                                    theta_sd=laplace_sd(shrunk, node_i, node_j, n, prior))
-        floors.update(gap_null_mean=float(null.mean()), null_prior_precision=prior,
-                      gap_bootstrap_corrected=bt - ent - float(null.mean()),
-                      gap_bootstrap_p_value=float((1 + np.sum(null >= bt - ent)) / (n_boot + 1)))
+    if null is not None:
+        prior, gaps = null
+        floors.update(gap_null_mean=float(gaps.mean()), null_prior_precision=prior,
+                      gap_bootstrap_corrected=bt - ent - float(gaps.mean()),
+                      gap_bootstrap_p_value=float((1 + np.sum(gaps >= bt - ent)) / (n_boot + 1)))
     return floors
 
 
@@ -306,8 +353,9 @@ def _condorcet(v: Verdicts, node_i, node_j, votes: dict, node_prompt) -> dict:
 
 def _worst_cycles(v: Verdicts, votes: dict, nodes: tuple, cycles: tuple, n_worst: int) -> list:
     """The cyclic triads whose weakest majority wins by most votes (then by the largest share),
-    so that cycles resting on single votes come last; in cycle order:
-    responses[0] ≻ responses[1] ≻ responses[2] ≻ responses[0], with each step's vote share."""
+    so that cycles resting on single votes come last, as (vote margin, share margin, record); the
+    record in cycle order: responses[0] ≻ responses[1] ≻ responses[2] ≻ responses[0], with each
+    step's vote share."""
     node_i, node_j, node_response, node_prompt = nodes
     a, b, c = cycles
     if len(a) == 0:
@@ -320,7 +368,8 @@ def _worst_cycles(v: Verdicts, votes: dict, nodes: tuple, cycles: tuple, n_worst
     vote_margin = np.min(np.abs(votes["lo"] - votes["hi"])[edges], axis=0)
     share_margin = np.min(np.abs(votes["p_hat"][edges] - 0.5), axis=0)
     chosen = np.lexsort((-share_margin, -vote_margin))[:n_worst]
-    return [_cycle_record(v, votes, nodes, index, width, (a[t], b[t], c[t])) for t in chosen]
+    return [(float(vote_margin[t]), float(share_margin[t]),
+             _cycle_record(v, votes, nodes, index, width, (a[t], b[t], c[t]))) for t in chosen]
 
 
 def _cycle_record(v: Verdicts, votes: dict, nodes: tuple, index, width, triad) -> dict:

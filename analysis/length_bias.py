@@ -11,8 +11,10 @@ Two measures, overall, per rater and per rater kind (the part of the rater id be
   and `sources[s].lc_win_rate` = mean over the other sources s' of σ(θ_s − θ_s'): the win rate with
   the length term set to zero. There is no intercept (see `length_slope`).
 
-Input is the pyarrow Table of `Store.verdict_arrays` (winner, rater, len_a, len_b, model_a, model_b);
-everything is vectorized numpy, one fit per rater.
+Input is the pyarrow Table of `Store.verdict_arrays` (winner, rater, len_a, len_b, model_a, model_b),
+or the same verdicts counted by (rater, winner, length difference, sources) (`analyze_cells`: what
+the store's report reads); everything is vectorized numpy, one fit per rater. Every statistic
+takes `count`, how many verdicts each row stands for (default one each).
 
     >>> import pyarrow as pa
     >>> t = pa.table({"winner": ["a", "a", "b", "tie", "a"], "rater": ["human:x"] * 5,
@@ -39,18 +41,20 @@ def _index_in(column, names: list) -> np.ndarray:
     return np.asarray(pc.fill_null(codes, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def p_longer_wins(winner, len_a: np.ndarray, len_b: np.ndarray) -> dict:
+def p_longer_wins(winner, len_a: np.ndarray, len_b: np.ndarray, count=None) -> dict:
     """Share of decided verdicts on pairs of different length won by the longer response.
 
     >>> p_longer_wins(["a", "b", "b"], np.array([3, 3, 1]), np.array([1, 1, 1]))
     {'p_longer_wins': 0.5, 'p_longer_wins_ci95': [0.0945, 0.9055], 'n': 2}
     """
     w = winner_codes(winner)
+    count = _ones_or(count, len(w))
     used = (w != TIE) & (len_a != len_b)
     longer_won = (w[used] == A) == (len_a[used] > len_b[used])
-    n = int(used.sum())
-    low, high = wilson_interval(float(longer_won.sum()), n)
-    value = float(longer_won.mean()) if n else None
+    n = int(count[used].sum())
+    k = float(count[used][longer_won].sum())
+    low, high = wilson_interval(k, n)
+    value = k / n if n else None
     return {"p_longer_wins": _round(value), "p_longer_wins_ci95": [round(low, 4), round(high, 4)],
             "n": n}
 
@@ -131,30 +135,33 @@ def _source_groups(source_a, source_b, n_sources: int) -> tuple[np.ndarray, np.n
     return group, d[:, 1:]
 
 
-def binomial_cells(delta: np.ndarray, group: np.ndarray, y: np.ndarray, n_groups: int) -> tuple:
+def binomial_cells(delta: np.ndarray, group: np.ndarray, y: np.ndarray, n_groups: int,
+                   count=None) -> tuple:
     """Rows sharing (group, length difference) collapsed into one binomial cell: (delta, group,
-    trials, successes) per cell. Newton steps then run over cells, whose number hardly grows with
-    the data (length differences are whole characters), instead of over every verdict.
+    trials, successes) per cell, sorted by (group, delta). Newton steps then run over cells, whose
+    number hardly grows with the data (length differences are whole characters), instead of over
+    every verdict.
 
     >>> binomial_cells(np.array([3.0, 3.0, -1.0]), np.array([0, 0, 1]), np.array([1.0, 0.0, 1.0]), 2)
     (array([ 3., -1.]), array([0, 1]), array([2., 1.]), array([1., 1.]))
     """
+    count = _ones_or(count, len(delta)).astype(float)
     lo = float(delta.min())
     span = int(delta.max() - lo) + 1
     if np.all(delta == np.round(delta)) and n_groups * span <= 4 * len(delta) + 1_000_000:
         key = group * span + (delta - lo).astype(np.int64)  # dense key: bincount, no sort
-        trials = np.bincount(key, minlength=n_groups * span).astype(float)
-        wins = np.bincount(key, weights=y, minlength=n_groups * span)
+        trials = np.bincount(key, weights=count, minlength=n_groups * span)
+        wins = np.bincount(key, weights=y * count, minlength=n_groups * span)
         cells = np.flatnonzero(trials)
         return lo + cells % span, cells // span, trials[cells], wins[cells]
     pairs, inverse = np.unique(np.column_stack([group, delta]), axis=0, return_inverse=True)
     inverse = inverse.ravel()
-    return (pairs[:, 1], pairs[:, 0].astype(np.int64), np.bincount(inverse).astype(float),
-            np.bincount(inverse, weights=y))
+    return (pairs[:, 1], pairs[:, 0].astype(np.int64), np.bincount(inverse, weights=count),
+            np.bincount(inverse, weights=y * count))
 
 
 def length_slope(winner, len_a, len_b, sd: float, source_a=None, source_b=None,
-                 n_sources: int = 0) -> dict:
+                 n_sources: int = 0, count=None) -> dict:
     """β on tanh((len_a − len_b)/sd) with its Wald 95% interval; θ per source (codes 0..S−1,
     source 0 fixed at 0) when sources are given. No intercept: the model is about the responses,
     not the order they were shown in, so files whose first response is always the chosen one
@@ -170,6 +177,7 @@ def length_slope(winner, len_a, len_b, sd: float, source_a=None, source_b=None,
     """
     w = winner_codes(winner)
     decided = w != TIE
+    count = _ones_or(count, len(w))[decided]
     y = (w[decided] == A).astype(float)
     feature = np.tanh((len_a[decided] - len_b[decided]) / sd)
     sources = n_sources if n_sources > 1 else 0
@@ -177,13 +185,14 @@ def length_slope(winner, len_a, len_b, sd: float, source_a=None, source_b=None,
                               source_b[decided] if sources else None, sources)
     if not sources:
         group = np.zeros(len(y), dtype=np.int64)
-    n = int(decided.sum())
+    n = int(count.sum())
     longer_won = ((y == 1) == (feature > 0))[feature != 0]
+    different = count[feature != 0]
     # all longer (or all shorter) winning separates the data: no finite maximum-likelihood slope
-    if n < max(MIN_FIT, 5 * (1 + d.shape[1])) or not 0 < longer_won.sum() < len(longer_won):
+    if n < max(MIN_FIT, 5 * (1 + d.shape[1])) or not 0 < different[longer_won].sum() < different.sum():
         return {"slope": None, "slope_ci95": None, "n_slope": n}
     cell_delta, cell_group, trials, wins = binomial_cells(
-        len_a[decided] - len_b[decided], group, y, d.shape[0])
+        len_a[decided] - len_b[decided], group, y, d.shape[0], count)
     with np.errstate(over="ignore"):
         beta, cov = fit_logistic_grouped(np.tanh(cell_delta / sd), cell_group, d, wins, trials)
     se = np.sqrt(np.maximum(np.diag(cov), 0.0))
@@ -194,7 +203,8 @@ def length_slope(winner, len_a, len_b, sd: float, source_a=None, source_b=None,
     return out
 
 
-def source_win_rates(winner, source_a, source_b, theta: np.ndarray, names: list) -> dict:
+def source_win_rates(winner, source_a, source_b, theta: np.ndarray, names: list,
+                     count=None) -> dict:
     """Raw win rate (ties count half) and length-controlled win rate per source (codes into names).
 
     >>> w = ["a", "a", "tie"]; sa = np.array([0, 0, 1]); sb = np.array([1, 1, 0])
@@ -202,18 +212,22 @@ def source_win_rates(winner, source_a, source_b, theta: np.ndarray, names: list)
     {'win_rate': 0.8333, 'lc_win_rate': 0.5, 'n': 3}
     """
     w = winner_codes(winner)
-    k = len(names)
-    count = lambda codes: np.bincount(codes, minlength=k)  # noqa: E731
-    wins = count(source_a[w == A]) + count(source_b[w == B])
-    ties = count(source_a[w == TIE]) + count(source_b[w == TIE])
-    n = count(source_a) + count(source_b)
+    k, count = len(names), _ones_or(count, len(w))
+
+    def total(side, rows):
+        return np.bincount(side[rows], weights=count[rows], minlength=k)
+
+    everything = np.ones(len(w), dtype=bool)
+    wins = total(source_a, w == A) + total(source_b, w == B)
+    ties = total(source_a, w == TIE) + total(source_b, w == TIE)
+    n = total(source_a, everything) + total(source_b, everything)
     vs = 1.0 / (1.0 + np.exp(-(theta[:, None] - theta[None, :])))  # σ(θ_s − θ_s')
     lc = (vs.sum(axis=1) - 0.5) / max(k - 1, 1)  # drop the diagonal σ(0) = 1/2
     return {name: {"win_rate": _round((wins[s] + 0.5 * ties[s]) / n[s]) if n[s] else None,
                    "lc_win_rate": _round(lc[s]), "n": int(n[s])} for s, name in enumerate(names)}
 
 
-def win_rate_curve(winner, len_a, len_b, bins: int = 10) -> dict:
+def win_rate_curve(winner, len_a, len_b, bins: int = 10, count=None) -> dict:
     """Share won by the longer response in quantile bins of |len_a − len_b|, over the verdicts
     `p_longer_wins` uses (for the plot; orientation-free, so a data set whose a/b order is not
     random, like MT-Bench's, is not confounded with position).
@@ -224,26 +238,51 @@ def win_rate_curve(winner, len_a, len_b, bins: int = 10) -> dict:
     """
     w = winner_codes(winner)
     used = (w != TIE) & (len_a != len_b)
+    count = _ones_or(count, len(w))[used]
     delta = np.abs(len_a[used] - len_b[used]).astype(float)
     longer_won = ((w[used] == A) == (len_a[used] > len_b[used])).astype(float)
-    if len(delta) == 0:
+    if count.sum() == 0:
         return {"abs_delta": [], "p_longer_wins": [], "n": []}
-    edges = np.unique(np.quantile(delta, np.linspace(0, 1, bins + 1)))
+    edges = np.unique(repeated_quantiles(delta, count, np.linspace(0, 1, bins + 1)))
     which = np.clip(np.searchsorted(edges, delta, side="right") - 1, 0, max(len(edges) - 2, 0))
-    n = np.bincount(which, minlength=max(len(edges) - 1, 1))
+    n = np.bincount(which, weights=count, minlength=max(len(edges) - 1, 1)).astype(np.int64)
     keep = n > 0
-    sums = np.bincount(which, weights=delta, minlength=len(n))
-    wins = np.bincount(which, weights=longer_won, minlength=len(n))
+    sums = np.bincount(which, weights=delta * count, minlength=len(n))
+    wins = np.bincount(which, weights=longer_won * count, minlength=len(n))
     return {"abs_delta": np.round(sums[keep] / n[keep], 1).tolist(),
             "p_longer_wins": np.round(wins[keep] / n[keep], 4).tolist(), "n": n[keep].tolist()}
+
+
+def repeated_quantiles(values: np.ndarray, count: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """np.quantile(np.repeat(values, count), q) (its default, linear method) without repeating:
+    order statistics are read off the cumulative counts, and interpolated as numpy does.
+
+    >>> v, c, q = np.array([5.0, 1.0, 3.0]), np.array([2, 3, 1]), np.linspace(0, 1, 7)
+    >>> bool(np.array_equal(repeated_quantiles(v, c, q), np.quantile(np.repeat(v, c), q)))
+    True
+    """
+    order = np.argsort(values, kind="stable")
+    values, ends = values[order], np.cumsum(count[order])
+    last = int(ends[-1]) - 1
+    at = (last * np.asarray(q, dtype=float))
+    below = np.minimum(np.floor(at), last).astype(np.int64)
+    gamma = at - below
+    low = values[np.searchsorted(ends, below, side="right")]
+    high = values[np.searchsorted(ends, np.minimum(below + 1, last), side="right")]
+    diff = high - low
+    return np.where(gamma >= 0.5, high - diff * (1 - gamma), low + diff * gamma)
+
+
+def _ones_or(count, n: int) -> np.ndarray:
+    return np.ones(n, dtype=np.int64) if count is None else np.asarray(count)
 
 
 # --- the table -------------------------------------------------------------------------------
 
 
 def _columns(table) -> dict:
-    """Numeric columns: winner codes, lengths, rater codes (+ names), source codes (+ names, empty
-    unless every response has a source and there are two or more)."""
+    """Numeric columns: winner codes, lengths, count (one each), rater codes (+ names), source codes
+    (+ names, empty unless every response has a source and there are two or more)."""
     missing = {"winner", "rater", "len_a", "len_b"} - set(table.column_names)
     if missing:
         raise ValueError(f"length_bias.analyze: table lacks columns {sorted(missing)}; "
@@ -254,6 +293,7 @@ def _columns(table) -> dict:
     cols = {"winner": winner_codes(table.column("winner")),
             "len_a": table.column("len_a").to_numpy().astype(float),
             "len_b": table.column("len_b").to_numpy().astype(float),
+            "count": np.ones(table.num_rows, dtype=np.int64),
             "rater": _index_in(table.column("rater"), raters), "rater_names": raters,
             "source_names": []}
     if {"model_a", "model_b"} <= set(table.column_names):
@@ -267,12 +307,12 @@ def _columns(table) -> dict:
 
 
 def _summary(cols: dict, rows: np.ndarray, sd: float) -> dict:
-    w, la, lb = cols["winner"][rows], cols["len_a"][rows], cols["len_b"][rows]
+    w, la, lb, count = (cols[c][rows] for c in ("winner", "len_a", "len_b", "count"))
     n_sources = len(cols["source_names"])
-    out = p_longer_wins(w, la, lb)
+    out = p_longer_wins(w, la, lb, count)
     sa = cols["source_a"][rows] if n_sources else None
     sb = cols["source_b"][rows] if n_sources else None
-    out.update(length_slope(w, la, lb, sd, sa, sb, n_sources))
+    out.update(length_slope(w, la, lb, sd, sa, sb, n_sources, count))
     out.pop("theta", None)
     return out
 
@@ -308,27 +348,47 @@ def _token_lengths(table, tokenizer) -> tuple[np.ndarray, np.ndarray]:
 def analyze(table, tokenizer=None) -> dict:
     """Length bias overall, per rater and per rater kind (see the module docstring for definitions)."""
     cols = _columns(table)
-    sd = float(np.std(cols["len_a"] - cols["len_b"])) or 1.0
-    names = cols["source_names"]
-    out = p_longer_wins(cols["winner"], cols["len_a"], cols["len_b"])
-    out.update(length_slope(cols["winner"], cols["len_a"], cols["len_b"], sd, cols.get("source_a"),
-                            cols.get("source_b"), len(names)))
-    theta = out.pop("theta", None)
-    out["sources"] = source_win_rates(cols["winner"], cols["source_a"], cols["source_b"], theta,
-                                      names) if theta is not None else None
-    kinds = sorted({r.split(":", 1)[0] for r in cols["rater_names"]})
-    kind_of_rater = np.array([kinds.index(r.split(":", 1)[0]) for r in cols["rater_names"]] + [-1])
-    out["by_rater"] = _grouped(cols, cols["rater"], cols["rater_names"], sd)
-    out["by_kind"] = _grouped(cols, kind_of_rater[cols["rater"]], kinds, sd)
-    out["curve"] = win_rate_curve(cols["winner"], cols["len_a"], cols["len_b"])
-    out["length_sd"] = round(sd, 3)
-    out["feature"] = "tanh((len_a - len_b) / length_sd), lengths in characters"
+    out = analyze_cells(cols)
     if tokenizer is not None:
         tok_a, tok_b = _token_lengths(table, tokenizer)
         tokens = p_longer_wins(cols["winner"], tok_a, tok_b)
         tokens.update(length_slope(cols["winner"], tok_a, tok_b, float(np.std(tok_a - tok_b)) or 1.0))
         out["tokens"] = tokens
     return out
+
+
+def analyze_cells(cols: dict) -> dict:
+    """`analyze` of verdict rows or of counted cells. cols: winner codes, len_a and len_b (the
+    difference and 0 will do), count, rater codes and rater_names, source_names and, when there
+    are two or more, source_a and source_b codes."""
+    count = cols["count"]
+    sd = weighted_sd(cols["len_a"] - cols["len_b"], count) or 1.0
+    names = cols["source_names"]
+    out = p_longer_wins(cols["winner"], cols["len_a"], cols["len_b"], count)
+    out.update(length_slope(cols["winner"], cols["len_a"], cols["len_b"], sd, cols.get("source_a"),
+                            cols.get("source_b"), len(names), count))
+    theta = out.pop("theta", None)
+    out["sources"] = source_win_rates(cols["winner"], cols["source_a"], cols["source_b"], theta,
+                                      names, count) if theta is not None else None
+    kinds = sorted({r.split(":", 1)[0] for r in cols["rater_names"]})
+    kind_of_rater = np.array([kinds.index(r.split(":", 1)[0]) for r in cols["rater_names"]] + [-1])
+    out["by_rater"] = _grouped(cols, cols["rater"], cols["rater_names"], sd)
+    out["by_kind"] = _grouped(cols, kind_of_rater[cols["rater"]], kinds, sd)
+    out["curve"] = win_rate_curve(cols["winner"], cols["len_a"], cols["len_b"], count=count)
+    out["length_sd"] = round(sd, 3)
+    out["feature"] = "tanh((len_a - len_b) / length_sd), lengths in characters"
+    return out
+
+
+def weighted_sd(values: np.ndarray, count: np.ndarray) -> float:
+    """np.std(np.repeat(values, count)) without repeating.
+
+    >>> weighted_sd(np.array([1.0, 4.0]), np.array([2, 1])) == float(np.std([1.0, 1.0, 4.0]))
+    True
+    """
+    weights = np.asarray(count, dtype=float)
+    mean = weights @ values / weights.sum()
+    return float(np.sqrt(weights @ (values - mean) ** 2 / weights.sum()))
 
 
 def _round(value, digits: int = 4):

@@ -1,8 +1,9 @@
 """`bradley report`: everything that says whether preference data can be trusted, in one place.
 
-The only analysis module that reads the store. It freezes a snapshot (so the report can be traced to
-the exact judgments it read), pulls the compact verdict table, runs the three pure analyses on it
-(length_bias, agreement, cycles) and adds a plain-language verdict. Outputs: a JSON dict
+The only analysis module that opens the store. It freezes a snapshot (so the report can be traced to
+the exact judgments it read), runs the three analyses (length_bias, agreement, cycles) on it in
+memory that does not grow with the store (analysis/store_analyses.py: counting in DuckDB, per-prompt
+work in blocks) and adds a plain-language verdict. Outputs: a JSON dict
 (`build_report`), a terminal summary (`summary_text`), one self-contained HTML page (`render_html`)
 and threshold checks for pipelines (`check_fail_on`: `bradley report --fail-on` exits 3).
 
@@ -20,13 +21,13 @@ import json
 import math
 import operator
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
-import pyarrow.compute as pc
-
-from analysis import length_bias
-
 EXIT_FAIL_ON = 3
+# DuckDB's share of a report's memory unless --memory-limit says otherwise: it spills to disk beyond
+# it, and the Python side works on blocks of prompts, so a laptop's report stays about this big.
+DEFAULT_MEMORY_LIMIT = "1GB"
 LN2 = math.log(2)
 TEXT_CHARS = 160  # texts quoted in the report are cut to this many characters
 
@@ -54,38 +55,36 @@ class ReportError(ValueError):
 # --- building -----------------------------------------------------------------------------------
 
 
-def _analyses() -> dict:
-    """The three analyses, each a function of the verdict table. Imported on first use: they pull
-    in pandas and scipy, which `bradley --help` and the HTTP app's import path do not need."""
-    from analysis import agreement, cycles
-
-    return {"length_bias": length_bias.analyze, "agreement": agreement.analyze,
-            "cycles": cycles.analyze}
-
-
-def build_report(store, raters: str | None = None, snapshot_id: str | None = None) -> dict:
+def build_report(store, raters: str | None = None, snapshot_id: str | None = None,
+                 memory_limit: str | None = None, progress: bool = False) -> dict:
     """The JSON report of what the store holds (restricted to `raters`: human, ai or an id prefix).
 
-    Without `snapshot_id` a new snapshot is recorded first, so the report names the exact data it read.
+    Without `snapshot_id` a new snapshot is recorded first, so the report names the exact data it
+    read. `memory_limit` (e.g. "1GB") caps DuckDB's memory for the report (left as it is when
+    None); `progress` shows a bar on a terminal.
     """
-    if snapshot_id is None:  # a run that finds nothing records no snapshot
-        snapshot_id = store.create_snapshot(raters, if_any=True)
-    table = store.verdict_arrays(snapshot_id) if snapshot_id else None
-    if table is None or table.num_rows == 0:
+    from analysis import store_analyses  # numpy, pandas and scipy: not on `bradley --help`'s path
+
+    analyses = None
+    with store.memory_limit(memory_limit) if memory_limit else nullcontext():  # a bad limit fails first
+        if snapshot_id is None:  # a run that finds nothing records no snapshot
+            snapshot_id = store.create_snapshot(raters, if_any=True)
+        if snapshot_id:
+            analyses = store_analyses.analyze(store, snapshot_id, progress=progress)
+    if analyses is None:
         where = f"in snapshot {snapshot_id} " if snapshot_id else ""
         raise ReportError(f"no judgments {where}(raters={raters or 'all'}); "
                           "ingest some with `bradley ingest FILE` or widen --raters")
     report = {
         "snapshot_id": snapshot_id,
         "raters": raters or "all",
-        "n_judgments": table.num_rows,
-        "n_prompts": pc.count_distinct(table.column("prompt_id")).as_py(),
-        "n_raters": pc.count_distinct(table.column("rater")).as_py(),
+        "n_judgments": analyses.pop("n_judgments"),
+        "n_prompts": analyses.pop("n_prompts"),
+        "n_raters": analyses.pop("n_raters"),
         # same text on both sides: kept in the store, left out of every statistic (and of pairs)
         "n_self_comparisons": store.self_comparisons(snapshot_id),
+        **analyses,
     }
-    for name, analyze in _analyses().items():
-        report[name] = analyze(table)
     _quote_cycles(store, report["cycles"].get("worst_cycles") or [])
     report["verdict"] = verdict(report)
     return report
@@ -314,7 +313,8 @@ def _write_atomically(path: str | Path, text: str) -> None:
     tmp.replace(path)
 
 
-def run(db, raters=None, snapshot_id=None, html=None, json_out=None, fail_on=None) -> int:
+def run(db, raters=None, snapshot_id=None, html=None, json_out=None, fail_on=None,
+        memory_limit: str = DEFAULT_MEMORY_LIMIT) -> int:
     """Build the report, write what was asked, print the summary; 3 when a --fail-on rule is crossed."""
     from annotation.store import Store
 
@@ -323,7 +323,8 @@ def run(db, raters=None, snapshot_id=None, html=None, json_out=None, fail_on=Non
     if str(db) != ":memory:" and not Path(db).exists():
         raise ReportError(f"no store at {db}; ingest data first (`bradley --db {db} ingest FILE`)")
     with Store(db) as store:
-        report = build_report(store, raters=raters, snapshot_id=snapshot_id)
+        report = build_report(store, raters=raters, snapshot_id=snapshot_id,
+                              memory_limit=memory_limit, progress=True)
     return finish(report, lambda: render_html(report), html, json_out, fail_on)
 
 

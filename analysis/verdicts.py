@@ -91,6 +91,29 @@ def verdict_items(table: pa.Table) -> Verdicts:
                     prompt_names, response_names, rater_names)
 
 
+def coded_verdicts(prompt, lo, hi, rater, winner, swapped, rater_names) -> Verdicts:
+    """Verdicts from store codes sorted by item (annotation.verdict_codes streams them so): prompts
+    and responses are numbered from 0 within these verdicts in code order, and `prompt_names` and
+    `response_names` hold their store codes; raters keep the store's codes and names.
+
+    >>> v = coded_verdicts(*(np.array(x) for x in ([7, 7, 9], [3, 3, 3], [5, 5, 4], [0, 1, 0],
+    ...                                             [0, 2, 1], [False, True, False])), ["h:1", "h:2"])
+    >>> v.item.tolist(), v.category.tolist(), v.item_lo.tolist(), v.response_names.tolist()
+    ([0, 0, 1], [0, 2, 1], [0, 0], [3, 4, 5])
+    """
+    new_item = np.ones(len(prompt), dtype=bool)
+    new_item[1:] = (prompt[1:] != prompt[:-1]) | (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    item, starts = np.cumsum(new_item) - 1, np.flatnonzero(new_item)
+    prompt_codes, prompt_local = np.unique(prompt, return_inverse=True)
+    response_codes, response_local = np.unique(np.concatenate([lo, hi]), return_inverse=True)
+    lo_local, hi_local = response_local[:len(lo)], response_local[len(lo):]
+    category = np.where(winner == TIE, TIE, np.where(swapped, 1 - winner, winner)).astype(np.int8)
+    return Verdicts(prompt_local, item, np.asarray(rater, dtype=np.int64), category,
+                    np.asarray(swapped, dtype=bool), prompt_local[starts], lo_local[starts],
+                    hi_local[starts], prompt_codes, response_codes,
+                    np.asarray(rater_names, dtype=object))
+
+
 def _sorted_codes(column) -> tuple[np.ndarray, np.ndarray]:
     column = column.cast(pa.string())  # also undoes dictionary encoding and large_string
     uniques = pc.unique(column)

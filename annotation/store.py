@@ -340,6 +340,13 @@ class Store(SnapshotQueries):
                            "SELECT id, text FROM responses WHERE list_contains($1, id)", [list(ids)])
         return dict(zip(rows.column("id").to_pylist(), rows.column("text").to_pylist(), strict=False))
 
+    def verdict_codes(self, snapshot_id: str | None = None, raters: str | None = None):
+        """A snapshot's verdicts as integers in DuckDB temp tables, for statistics on stores larger
+        than memory (annotation/verdict_codes.py); close it, or use it in a `with`."""
+        from annotation.verdict_codes import VerdictCodes
+
+        return VerdictCodes(self, snapshot_id, raters)
+
 
 def _with_batch(table: pa.Table, name: str, batch_id: str) -> pa.Table:
     if name in ("judgments", "feedback") and "batch_id" not in table.column_names:

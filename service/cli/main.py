@@ -136,13 +136,16 @@ def _add_report(sub) -> None:
                    help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05' (names: length_bias, slope, "
                         "alpha, agreement, gap, entropy_floor, bt_floor, cyclic_triads, or a dotted "
                         "path into the JSON): exit 3 when crossed")
+    p.add_argument("--memory-limit", default="1GB", metavar="SIZE",
+                   help="memory for DuckDB's share of the report (e.g. 512MB, 4GB; it spills to disk "
+                        "beyond it; the rest works on blocks of prompts); default 1GB")
 
 
 def cmd_report(args) -> int:
     from analysis import report
 
     return report.run(args.db, raters=args.raters, snapshot_id=args.snapshot, html=args.html,
-                      json_out=args.json, fail_on=args.fail_on)
+                      json_out=args.json, fail_on=args.fail_on, memory_limit=args.memory_limit)
 
 
 # --- serving and the rest ---------------------------------------------------------------------
