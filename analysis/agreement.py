@@ -25,6 +25,7 @@ from analysis.verdicts import (
     Verdicts,
     category_counts,
     collapse,
+    distinct_rows,
     verdict_items,
     wilson_interval,
 )
@@ -231,7 +232,7 @@ def block_counts(v: Verdicts, busy: np.ndarray) -> dict:
     confusions and the position counts. `add_counts` joins two blocks, `finish` gives the analysis."""
     item, rater, cat = collapse(v.item, v.rater, v.category)
     counts = category_counts(item, cat, v.n_items)
-    profiles, items = np.unique(counts.reshape(-1, 3), axis=0, return_counts=True)
+    profiles, items = distinct_rows(counts)
     has, agrees = leave_one_out_majority(counts, item, cat)
     n_raters = len(v.rater_names)
     return {"n_judgments": int(len(v.item)), "profiles": profiles, "items": items,
@@ -247,10 +248,9 @@ def add_counts(total: dict | None, block: dict) -> dict:
     if total is None:
         return dict(block)
     out = {key: total[key] + block[key] for key in block if key not in ("profiles", "items")}
-    profiles, where = np.unique(np.concatenate([total["profiles"], block["profiles"]]), axis=0,
-                                return_inverse=True)
-    items = np.concatenate([total["items"], block["items"]])
-    out.update(profiles=profiles, items=np.bincount(where.ravel(), items, len(profiles)).astype(np.int64))
+    profiles, items = distinct_rows(np.concatenate([total["profiles"], block["profiles"]]),
+                                    np.concatenate([total["items"], block["items"]]))
+    out.update(profiles=profiles, items=items)
     return out
 
 

@@ -56,12 +56,14 @@ class ReportError(ValueError):
 
 
 def build_report(store, raters: str | None = None, snapshot_id: str | None = None,
-                 memory_limit: str | None = None, progress: bool = False) -> dict:
+                 memory_limit: str | None = None, progress: bool = False,
+                 timings: dict | None = None) -> dict:
     """The JSON report of what the store holds (restricted to `raters`: human, ai or an id prefix).
 
     Without `snapshot_id` a new snapshot is recorded first, so the report names the exact data it
     read. `memory_limit` (e.g. "1GB") caps DuckDB's memory for the report (left as it is when
-    None); `progress` shows a bar on a terminal.
+    None); `progress` shows a bar on a terminal; `timings`, when given, receives the seconds of
+    each phase (bench/report.py).
     """
     from analysis import store_analyses  # numpy, pandas and scipy: not on `bradley --help`'s path
 
@@ -70,7 +72,7 @@ def build_report(store, raters: str | None = None, snapshot_id: str | None = Non
         if snapshot_id is None:  # a run that finds nothing records no snapshot
             snapshot_id = store.create_snapshot(raters, if_any=True)
         if snapshot_id:
-            analyses = store_analyses.analyze(store, snapshot_id, progress=progress)
+            analyses = store_analyses.analyze(store, snapshot_id, progress=progress, timings=timings)
     if analyses is None:
         where = f"in snapshot {snapshot_id} " if snapshot_id else ""
         raise ReportError(f"no judgments {where}(raters={raters or 'all'}); "

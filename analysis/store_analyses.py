@@ -53,8 +53,9 @@ def _analyses(codes, n_judgments: int, n_prompts: int, bar, timings: dict) -> di
     bar.reset(total=n_judgments)
     bar.set_description("report: prompts")
     # the bootstrap refits every verdict at once: then one block holds them all
-    counts, last_block = _stream(codes, rater_names, busy, n_judgments + 1 if n_boot else BLOCK_VERDICTS,
-                                 bar, timings)
+    with _timed(timings, "blocks"):  # agreement and cycles, and reading the verdicts for them
+        counts, last_block = _stream(codes, rater_names, busy,
+                                     n_judgments + 1 if n_boot else BLOCK_VERDICTS, bar, timings)
     with _timed(timings, "finish"):
         out["agreement"] = agreement.finish(counts["agreement"], rater_names, busy)
         out["cycles"] = cycles.finish(counts["cycles"], n_boot, last_block)

@@ -93,25 +93,28 @@ def verdict_items(table: pa.Table) -> Verdicts:
 
 def coded_verdicts(prompt, lo, hi, rater, winner, swapped, rater_names) -> Verdicts:
     """Verdicts from store codes sorted by item (annotation.verdict_codes streams them so): prompts
-    and responses are numbered from 0 within these verdicts in code order, and `prompt_names` and
-    `response_names` hold their store codes; raters keep the store's codes and names.
+    are numbered from 0 within these verdicts in code order, responses in order of appearance,
+    and `prompt_names` and `response_names` hold their store codes; raters keep the store's codes
+    and names. Items are numbered in order, so the verdicts need no sorting or hashing but the
+    responses'.
 
     >>> v = coded_verdicts(*(np.array(x) for x in ([7, 7, 9], [3, 3, 3], [5, 5, 4], [0, 1, 0],
     ...                                             [0, 2, 1], [False, True, False])), ["h:1", "h:2"])
     >>> v.item.tolist(), v.category.tolist(), v.item_lo.tolist(), v.response_names.tolist()
-    ([0, 0, 1], [0, 2, 1], [0, 0], [3, 4, 5])
+    ([0, 0, 1], [0, 2, 1], [0, 0], [3, 5, 4])
     """
-    new_item = np.ones(len(prompt), dtype=bool)
-    new_item[1:] = (prompt[1:] != prompt[:-1]) | (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    new_prompt = np.ones(len(prompt), dtype=bool)
+    new_prompt[1:] = prompt[1:] != prompt[:-1]
+    new_item = new_prompt.copy()
+    new_item[1:] |= (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
     item, starts = np.cumsum(new_item) - 1, np.flatnonzero(new_item)
-    prompt_codes, prompt_local = np.unique(prompt, return_inverse=True)
-    response_codes, response_local = np.unique(np.concatenate([lo, hi]), return_inverse=True)
-    lo_local, hi_local = response_local[:len(lo)], response_local[len(lo):]
+    prompt_local, prompt_codes = np.cumsum(new_prompt) - 1, prompt[new_prompt]
+    response_local, response_codes = pd.factorize(np.concatenate([lo[starts], hi[starts]]))
+    lo_local, hi_local = response_local[:len(starts)], response_local[len(starts):]
     category = np.where(winner == TIE, TIE, np.where(swapped, 1 - winner, winner)).astype(np.int8)
     return Verdicts(prompt_local, item, np.asarray(rater, dtype=np.int64), category,
-                    np.asarray(swapped, dtype=bool), prompt_local[starts], lo_local[starts],
-                    hi_local[starts], prompt_codes, response_codes,
-                    np.asarray(rater_names, dtype=object))
+                    np.asarray(swapped, dtype=bool), prompt_local[starts], lo_local, hi_local,
+                    prompt_codes, np.asarray(response_codes), np.asarray(rater_names, dtype=object))
 
 
 def _sorted_codes(column) -> tuple[np.ndarray, np.ndarray]:
@@ -196,3 +199,20 @@ def category_counts(item: np.ndarray, category: np.ndarray, n_items: int) -> np.
     """(n_items, 3) matrix: how many verdicts of each category each item received."""
     flat = np.bincount(item * 3 + category, minlength=n_items * 3)
     return flat.reshape(n_items, 3)
+
+
+def distinct_rows(counts: np.ndarray, weights: np.ndarray | None = None) -> tuple:
+    """The distinct rows of an (items × 3) count matrix, sorted, and the summed weights of each
+    (by default how often each occurs); rows are keyed as one integer, not sorted as rows.
+
+    >>> rows, n = distinct_rows(np.array([[2, 0, 1], [0, 1, 0], [2, 0, 1]]))
+    >>> rows.tolist(), n.tolist()
+    ([[0, 1, 0], [2, 0, 1]], [1, 2])
+    """
+    counts = np.asarray(counts, dtype=np.int64).reshape(-1, 3)
+    base = int(counts.max(initial=0)) + 1
+    keys, where = np.unique((counts[:, 0] * base + counts[:, 1]) * base + counts[:, 2],
+                            return_inverse=True)
+    weights = np.ones(len(counts), dtype=np.int64) if weights is None else weights
+    rows = np.column_stack([keys // (base * base), keys // base % base, keys % base])
+    return rows, np.bincount(where.ravel(), weights, len(keys)).astype(np.int64)
