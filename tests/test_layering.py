@@ -140,18 +140,18 @@ def test_public_api_names_resolve():
         rm.nope  # noqa: B018
 
 
-def _readme_python() -> str:
-    section = ROOT.joinpath("README.md").read_text().split("## Training from Python", 1)[1]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def _manual_python() -> str:
+    """The first Python block of the manual's "Training from Python" page."""
+    return re.search(r"```python\n(.*?)```", ROOT.joinpath("docs/python.md").read_text(), re.S).group(1)
 
 
-def test_readme_python_trains_and_scores_through_the_public_api(tmp_path):
+def test_manual_python_trains_and_scores_through_the_public_api(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from tests.rm.train.test_train import synthetic_pairs
 
-    code = _readme_python()
+    code = _manual_python()
     imports = re.findall(r"^\s*(?:from|import)\s+([\w.]+)", code, re.M)
     assert imports and set(imports) <= {"rm", "pyarrow", "pyarrow.parquet"}, imports
     rows = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in synthetic_pairs(48)]
