@@ -4,7 +4,7 @@
 separator 0x1f; in SQL (set-based ingest) the same value is
 `left(sha256(concat_ws(chr(31), part1, part2, ...)), 24)`. A prompt's id hashes its text, or the
 canonical JSON of its messages; a response's id hashes its prompt's id and its text. Ingest hashes
-a column at a time (`with_ids`, `keyed_ids`), in C when annotation/_hashes.c was built.
+a column at a time (`with_ids`, `keyed_ids`).
 
     >>> prompt_id("What is 2+2?") == content_id("What is 2+2?")
     True
@@ -14,6 +14,7 @@ a column at a time (`with_ids`, `keyed_ids`), in C when annotation/_hashes.c was
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 from collections.abc import Sequence
@@ -22,12 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-try:  # the C loops for content ids in bulk (annotation/_hashes.c); optional at install time
-    from annotation import _hashes
-except ImportError:
-    _hashes = None
-
 ID_SEPARATOR = "\x1f"
+ID_CHARS = 24
+_SHA256 = type(hashlib.sha256())  # its unbound methods let map() call them row by row, in C
+_HEX_PAIRS = np.frombuffer("".join(f"{i:02x}" for i in range(256)).encode(), dtype=np.uint16)  # byte -> 2 chars
 
 
 def content_id(*parts: str) -> str:
@@ -85,19 +84,28 @@ def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
 
 
 def fill_judgment_ids(staged: pa.Table, sha256: str) -> pa.Table:
-    """jid where a row brought no id of its own: content_id(batch sha256, row number)."""
-    rows = pc.cast(staged.column("row"), pa.string())
-    generated = keyed_ids(pa.array([sha256], pa.string()),
-                          pa.array(np.zeros(staged.num_rows, np.int32)), rows)
+    """jid where a row has none yet (it brought no id of its own, and none was generated before):
+    content_id(batch sha256, row number).
+
+    >>> t = pa.table({"row": [1, 2], "jid": ["own", None]})
+    >>> fill_judgment_ids(t, "s").column("jid").to_pylist() == ["own", content_id("s", "2")]
+    True
+    """
+    jids = _plain_strings(staged.column("jid"))
+    if not jids.null_count:
+        return staged
+    missing = jids.is_null()
+    rows = pc.cast(staged.column("row").filter(missing), pa.string())
+    generated = keyed_ids(pa.array([sha256]), pa.array(np.zeros(len(rows), np.int32)), rows)
     index = staged.schema.get_field_index("jid")
-    return staged.set_column(index, "jid", pc.coalesce(staged.column("jid"), generated))
+    return staged.set_column(index, "jid", pc.replace_with_mask(jids, missing, generated))
 
 
 def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
     """content_id(keys[key_of_row[i]], texts[i]) for every row, as an Arrow string array.
 
-    Uses the C loop of annotation/_hashes.c when it was built (about 8x faster, and it lets go of
-    the GIL); else the same hashes in Python.
+    Each distinct key's sha256 state over "key\x1f" is computed once and copied per row, then fed
+    the row's text; map() drives hashlib's methods, so no Python bytecode runs per row.
 
     >>> ids = keyed_ids(pa.array(["p", "q"]), pa.array([1, 0], pa.int32()), pa.array(["x", "y"]))
     >>> ids.to_pylist() == [content_id("q", "x"), content_id("p", "y")]
@@ -106,15 +114,11 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
     texts = _plain_strings(texts)
     if texts.null_count:
         raise ValueError("staged response texts cannot be null")
-    keys, key_of_row = _plain_strings(keys), key_of_row.cast(pa.int32())
-    if _hashes is None:
-        return pa.array(_python_keyed_ids(keys, key_of_row, texts), pa.string())
-    key_offsets, key_data = string_buffers(keys)
-    text_offsets, text_data = string_buffers(texts)
-    rows = memoryview(key_of_row.buffers()[1]).cast("i")[key_of_row.offset:][:len(key_of_row)]
-    hex_ids = _hashes.hex24(key_offsets, key_data, rows, text_offsets, text_data, len(texts))
-    offsets = pa.py_buffer(np.arange(0, 24 * len(texts) + 1, 24, dtype=np.int32))
-    return pa.Array.from_buffers(pa.string(), len(texts), [None, offsets, pa.py_buffer(hex_ids)])
+    heads = np.empty(len(keys), dtype=object)  # filled after: numpy must not iterate the hashes
+    heads[:] = [hashlib.sha256(f"{k}{ID_SEPARATOR}".encode()) for k in _plain_strings(keys).to_pylist()]
+    rows = list(map(_SHA256.copy, heads[key_of_row.to_numpy(zero_copy_only=False)]))
+    collections.deque(map(_SHA256.update, rows, texts.cast(pa.binary()).to_pylist()), maxlen=0)
+    return _hex_prefixes(b"".join(map(_SHA256.digest, rows)), len(texts))
 
 
 def _plain_strings(column) -> pa.Array:
@@ -122,23 +126,9 @@ def _plain_strings(column) -> pa.Array:
     return column.cast(pa.string())
 
 
-def string_buffers(array: pa.Array) -> tuple[memoryview, memoryview]:
-    """An Arrow string array's offsets (from its own first row) and bytes, for annotation._hashes."""
-    _, offsets, data = array.buffers()
-    offsets = memoryview(offsets).cast("i")[array.offset:][:len(array) + 1]
-    return offsets, memoryview(data) if data is not None else memoryview(b"")
-
-
-def _python_keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts: pa.Array) -> list[str]:
-    """The fallback: each key's sha256 state over "key\x1f" copied per row, then fed the text's
-    UTF-8 bytes where Arrow holds them."""
-    heads = [hashlib.sha256((k + ID_SEPARATOR).encode("utf-8")) for k in keys.to_pylist()]
-    offsets, data = string_buffers(texts)
-    ends = offsets.tolist()
-    out = []
-    append = out.append  # bound once: this loop runs per response
-    for k, start, end in zip(key_of_row.to_pylist(), ends[:-1], ends[1:], strict=True):
-        digest = heads[k].copy()
-        digest.update(data[start:end])
-        append(digest.hexdigest()[:24])
-    return out
+def _hex_prefixes(digests: bytes, n: int) -> pa.Array:
+    """The first ID_CHARS hex characters of each of n concatenated sha256 digests, as Arrow strings."""
+    head = np.frombuffer(digests, dtype=np.uint8).reshape(n, hashlib.sha256().digest_size)
+    chars = _HEX_PAIRS[head[:, :ID_CHARS // 2]]
+    offsets = np.arange(0, ID_CHARS * n + 1, ID_CHARS, dtype=np.int32)
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])

@@ -353,8 +353,8 @@ def _columnar_pass(writer: _Writer, parts: list[Part], known: set[str]) -> None:
 
 def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                      known: set[str]) -> Iterator[pa.Table]:
-    """Staged chunks with prompt and response ids; judgment ids wait for the sha256
-    (ids.fill_judgment_ids). Stops early when the sha256 is a known batch's."""
+    """Staged chunks with prompt and response ids, and judgment ids once the sha256 is known (the
+    chunks before wait for ids.fill_judgment_ids). Stops early when the sha256 is a known batch's."""
     offset = 0
     for part in parts:
         fmt = opts.fmt
@@ -363,7 +363,8 @@ def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                 fmt = fmt if fmt != "auto" else _detect(part.name, dict.fromkeys(batch.schema.names))
                 if sha.done() and sha.result() in known:
                     raise _Duplicate
-                yield with_ids("judgments", columnar.stage(batch, fmt, offset, opts.source_model), None)
+                staged = columnar.stage(batch, fmt, offset, opts.source_model)
+                yield with_ids("judgments", staged, sha.result() if sha.done() else None)
                 offset += batch.num_rows
         except (pa.ArrowException, NotImplementedError, OSError, UnicodeDecodeError, EOFError) as exc:
             raise NeedsPrecise from exc  # the precise path names the row, or the file, that is wrong

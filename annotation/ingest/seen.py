@@ -22,8 +22,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from annotation.ids import _hashes, string_buffers
-
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
 
@@ -31,20 +29,20 @@ RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedba
 class SeenIds:
     """Prompt and response ids written by this batch; judgment ids only once rows carry their own.
 
-    Memory grows with the batch's distinct ids (about 100 bytes each in Python sets, 50 in the C
-    set of annotation/_hashes.c that holds response ids when it was built), not with its text."""
+    Prompt and response ids are kept as ASCII bytes, which Python hashes and stores faster than
+    str: memory grows with the batch's distinct ids (about 90 bytes each), not with its text."""
 
     def __init__(self) -> None:
-        self.prompts: set[str] = set()
-        self.responses = _hashes.IdSet() if _hashes is not None else set()
+        self.prompts: set[bytes] = set()
+        self.responses: set[bytes] = set()
         self.judgments: set[str] = set()
         self.own_ids = False  # some row carried an `id` (an export): it may be in the store already
 
     def flag(self, kind: str, staged: pa.Table) -> pa.Table:
         """`staged` (with ids.with_ids' columns) plus boolean new_* columns."""
-        flags = {"new_p": _first_prompts(staged.column("pid"), self.prompts)}
+        flags = {"new_p": _first_rows(staged.column("pid"), self.prompts)}
         for flag, column in RESPONSE_FLAGS[kind]:
-            flags[flag] = _first_responses(staged.column(column), self.responses)
+            flags[flag] = _first_rows(staged.column(column), self.responses)
         if staged.column("id").null_count < staged.num_rows:
             self.own_ids = True
         if self.own_ids:  # generated ids (batch sha256, row) are unique and need no memory
@@ -62,20 +60,18 @@ def _firsts(ids: list[str | None], seen: set[str]) -> list[bool]:
     return [i is None or not (i in seen or seen.add(i)) for i in ids]
 
 
-def _first_prompts(pids, seen: set[str]) -> np.ndarray:
-    """_firsts for prompt ids, which repeat within a chunk: only each distinct id's first row is
-    looked up."""
-    encoded = pc.dictionary_encode(pids.combine_chunks() if isinstance(pids, pa.ChunkedArray) else pids)
-    distinct, first_rows = np.unique(encoded.indices.to_numpy(), return_index=True)
-    values = encoded.dictionary.to_pylist()
-    flags = np.zeros(len(encoded), dtype=bool)
-    flags[first_rows] = _firsts([values[d] for d in distinct], seen)
-    return flags
-
-
-def _first_responses(rids, seen) -> list[bool] | np.ndarray:
-    """_firsts for response ids, in C without the GIL when annotation._hashes was built."""
-    if isinstance(seen, set):
-        return _firsts(rids.to_pylist(), seen)
-    offsets, data = string_buffers(rids.combine_chunks() if isinstance(rids, pa.ChunkedArray) else rids)
-    return np.frombuffer(seen.firsts(offsets, data, len(rids)), dtype=np.bool_)
+def _first_rows(ids, seen: set[bytes]) -> np.ndarray:
+    """True at the first row of each id new to `seen` (which learns them); ids are never null here.
+    map() drives the set's methods, in C; the rows are searched for repeats only when some new id
+    came twice (prompt ids do; response ids seldom)."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    values = ids.cast(pa.binary()).to_pylist()
+    new = ~np.fromiter(map(seen.__contains__, values), dtype=bool, count=len(values))
+    size = len(seen)
+    seen.update(values)
+    if len(seen) - size < new.sum():
+        _, first_rows = np.unique(pc.dictionary_encode(ids).indices.to_numpy(), return_index=True)
+        first = np.zeros(len(values), dtype=bool)
+        first[first_rows] = True
+        new &= first
+    return new
