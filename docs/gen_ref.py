@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 HELP_COLUMNS = "100"  # argparse wraps help to the terminal: fixed, so the page is the same everywhere
 
 # One line per setting, for someone deploying the server (type, bounds and default come from the
-# class). A setting without a line fails the build: add it here when adding the field.
+# class). A setting without one here shows its comment in settings.py; with neither, the build fails.
 SETTING_NOTES = {
     "db": "The DuckDB store (`--db`).",
     "model": "The model to serve: an id from the store (its weights checked against the registered "
@@ -53,6 +54,8 @@ SETTING_NOTES = {
                          "422 naming it, instead of being scored without its prompt.",
     "max_body_bytes": "Bytes in one request body; larger is a 413.",
     "max_text_chars": "Characters in one prompt or response; longer is a 422.",
+    "body_read_timeout_s": "Seconds a request's whole body may take to arrive after its headers; "
+                           "slower is a 408 (a client that stops halfway holds no slot forever).",
     "anon_max_request_chars": "Without a key: characters in all the prompts and responses of one "
                               "request (413 beyond).",
     "anon_max_concurrent": "Without a key: requests in flight per client address (429 with "
@@ -133,13 +136,36 @@ def settings_rows() -> list[tuple[str, str, str, str]]:
     """(variable, type and bounds, default, note) per field of `Settings`, in the class's order."""
     from service.api.settings import Settings
 
-    missing = sorted(set(Settings.model_fields) - set(SETTING_NOTES))
+    comments = setting_comments()
+    notes = {name: field.description or SETTING_NOTES.get(name) or comments.get(name)
+             for name, field in Settings.model_fields.items()}
+    missing = sorted(name for name, note in notes.items() if not note)
     if missing:
-        raise ValueError(f"docs/gen_ref.py SETTING_NOTES has no line for {missing}: add one")
+        raise ValueError(f"settings {missing} have no note: add one to SETTING_NOTES in "
+                         "docs/gen_ref.py (or a comment beside the field in settings.py)")
     prefix = Settings.model_config["env_prefix"]
-    return [(f"{prefix}{name}".upper(), _type(field), _default(field.default),
-             field.description or SETTING_NOTES[name])
+    return [(f"{prefix}{name}".upper(), _type(field), _default(field.default), notes[name])
             for name, field in Settings.model_fields.items()]
+
+
+def setting_comments() -> dict[str, str]:
+    """Field name -> its comment in service/api/settings.py: the one on its line, else the comment
+    lines right above it, as a sentence."""
+    lines = (ROOT / "service" / "api" / "settings.py").read_text().splitlines()
+    comments = {}
+    for i, line in enumerate(lines):
+        field = re.match(r"    (\w+): .*?(?:#\s*(.*))?$", line)
+        if not field:
+            continue
+        above = []
+        for previous in reversed(lines[:i]):
+            if not previous.strip().startswith("#"):
+                break
+            above.insert(0, previous.strip().lstrip("#").strip())
+        text = field.group(2) or " ".join(above)
+        if text:
+            comments[field.group(1)] = text[0].upper() + text[1:].rstrip(".") + "."
+    return comments
 
 
 def _type(field) -> str:
@@ -168,8 +194,8 @@ def config_markdown() -> str:
             "start-up: a bad value stops the server with a message naming the variable. A flag "
             "(`--host`, `--port`, `--model`, `--device`, `--read-only`, `--db`) overrides its "
             "variable. Generated from `service.api.settings.Settings` at each build.\n",
-            "| variable | type | default | what it does |", "| --- | --- | --- | --- |"]
-    rows = [f"| `{name}` | {kind} | {default} | {note} |"
+            "| variable | default | what it does (type) |", "| --- | --- | --- |"]
+    rows = [f"| `{name}` | {default} | {note} ({kind}) |"
             for name, kind, default, note in settings_rows()]
     other = ["\n## Read elsewhere\n", "Not server settings: read by the client, the CLI or a "
              "library where they are used.\n", "| variable | what it does |", "| --- | --- |"]
