@@ -1,7 +1,7 @@
 """Verdicts coded for the statistics: `Store.verdict_arrays()` → integer arrays, one row per verdict,
 and the two small tools every statistic shares (`winner_codes`, `wilson_interval`).
 
-Two orders, two vocabularies (README: Vocabulary). `a`/`b` are the order a rater was shown
+Two orders, two vocabularies (docs/design.md: Vocabulary). `a`/`b` are the order a rater was shown
 (`winner_codes`: A, B, TIE). An item is (prompt, unordered pair of responses), taken in canonical
 order: `lo` is the response with the smaller id, `hi` the larger; every verdict is put in that
 orientation, so 'a' on (x, y) and 'b' on (y, x) are the same verdict, category LO (x < y).

@@ -1,5 +1,5 @@
 """How big the DuckDB store gets, and what a Parquet snapshot of it costs: the numbers behind the
-README's "one writer, Parquet snapshots for training elsewhere". Prints one JSON line.
+manual's "one writer, Parquet snapshots for training elsewhere" (docs/operations.md). Prints one JSON line.
 
 Generates ROWS judgments of natural text: each prompt and response strings together 1-4 random
 sentences of the hh-rlhf test transcripts (../shared/data; ~250 characters a text on average), a

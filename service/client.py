@@ -5,7 +5,7 @@ own packages and nothing of bradley's server (the async client uses httpx when i
     client = ScoreClient("http://127.0.0.1:8000")
     client.score(["What is 2+2?"] * 2, ["4", "5"])            # -> [1.3, -0.4]
 
-Adapters (README, "Use from your trainer"):
+Adapters (docs/trainers.md):
 - TRL GRPO: `GRPOTrainer(reward_funcs=[trl_reward_func("http://host:8000")], ...)`; TRL calls it as
   `reward_func(prompts=..., completions=..., **dataset_columns)` with plain or conversational data.
 - verl: `custom_reward_function.path=<this file> custom_reward_function.name=compute_score` (naive

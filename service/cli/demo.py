@@ -31,7 +31,7 @@ GOOD_ANSWER = ("The answer is a clear and tested method: check the value first, 
 BAD_ANSWER = re.sub(r"[a-z]+", lambda m: dict(zip(GOOD_WORDS, BAD_WORDS, strict=True)).get(m[0], m[0]),
                     GOOD_ANSWER)
 # A GRPO group graded by the gsm8k verifier (ground truth 10): right with the format bonus, wrong
-# but formatted, right but unmarked, right as 10.0. Rewards 1.1, 0.1, 0.0, 1.1 (README, verifiers).
+# but formatted, right but unmarked, right as 10.0. Rewards 1.1, 0.1, 0.0, 1.1 (docs/verifiable-rewards.md).
 GROUP_PROMPT = "Tom has 12 apples and gives 2 away. How many are left?"
 GROUP_ANSWERS = ["12 - 2 = 10\n#### 10", "12 + 2 = 14\n#### 14", "He has 10 apples left.",
                  "12 - 2 = 10.0\n#### 10.0"]

@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.server:
         if args.command not in SERVER_COMMANDS:
             print(f"bradley {args.command}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
-                  f"the server's other routes are listed in the README (HTTP API)", file=sys.stderr)
+                  f"the server's other routes are in the manual's HTTP reference (docs/)", file=sys.stderr)
             return EXIT_ERROR
         from service.cli import remote as cli_server
 

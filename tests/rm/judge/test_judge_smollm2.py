@@ -213,7 +213,7 @@ def test_llama_cpp_server_judge_agrees_with_the_local_judge(local_run, llama_ser
     """The same 40 presentations through openai:URL: per presentation |P_local - P_served| within
     what llama.cpp's 8-bit activations explain (MAX_ABS_DIFF, MEAN_ABS_DIFF), so every presentation
     the local judge puts farther than MAX_ABS_DIFF from 1/2 is on the same side, and the ranking of
-    P(first) is kept (Spearman). Figures in the README's RLAIF section."""
+    P(first) is kept (Spearman). Figures in bench/RESULTS.md."""
     db, local = local_run
     served = label(db, f"openai:{llama_server}", "--judge-name", "smollm2-q4", "--concurrency", "1",
                    "--timeout", "120")

@@ -56,7 +56,7 @@ def test_pyproject_license_is_an_spdx_string_with_a_setuptools_that_reads_it():
 
 
 def test_the_demo_grades_a_grpo_group_by_the_gsm8k_verifier(live):
-    """Demo step 7's group: rewards by the README's gsm8k rule, and the hand-computed advantages
+    """Demo step 7's group: rewards by the gsm8k rule (docs/verifiable-rewards.md), and the hand-computed advantages
     (rewards 1.1, 0.1, 0.0, 1.1: mean 0.575, sample std 0.6076, eps 1e-4)."""
     from service.client import ScoreClient
 
