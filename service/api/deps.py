@@ -135,7 +135,8 @@ async def metrics_caller(request: Request) -> Caller:
 
 
 async def bounded_body(request: Request) -> bytes:
-    return await read_body(request, _settings(request).max_body_bytes)
+    settings = _settings(request)
+    return await read_body(request, settings.max_body_bytes, settings.body_read_timeout_s)
 
 
 async def _off_loop_if_large(parse, body: bytes):

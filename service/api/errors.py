@@ -2,16 +2,21 @@
 through `service.api.deps`), and the one place where library errors become `{"error": ..., "field": ...}`
 responses (never a traceback): the exception handlers for known errors, and `SafetyNet` for the rest,
 so that every request ends in a complete response on a connection the client can go on using.
+
+A client that hangs up before its body has arrived is no server error: it is answered (to nobody)
+and counted as 499, nginx's "client closed request", with one log line and no traceback, so the 5xx
+alert (deploy/prometheus/rules.yml) never sees it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 
 import orjson
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse
 
 from service.api import payloads
@@ -32,8 +37,11 @@ class WrongKey(runtime.Forbidden):
     field = "Authorization"
 
 
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away before the answer
+
 # Most specific first: the first matching class decides the status.
 ERROR_STATUS: list[tuple[type[BaseException], int]] = [
+    (ClientDisconnect, CLIENT_CLOSED),
     (Unauthorized, 401),
     (runtime.Forbidden, 403),
     (runtime.NotFound, 404),
@@ -44,25 +52,40 @@ ERROR_STATUS: list[tuple[type[BaseException], int]] = [
 ]
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The whole body, refusing (413) as soon as it is known to exceed `limit` bytes."""
+async def read_body(request: Request, limit: int, timeout_s: float | None = None) -> bytes:
+    """The whole body, refusing (413) as soon as it is known to exceed `limit` bytes, and (408)
+    when it has not all arrived `timeout_s` seconds after the read began: a sender that stalls
+    would otherwise hold what its request holds (an anonymous /score slot) for as long as it likes."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise BodyTooLarge("body", f"{declared} bytes, limit {limit}; split the upload", 413)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise BodyTooLarge("body", f"over {limit} bytes; split the upload", 413)
-        chunks.append(chunk)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise BodyTooLarge("body", f"over {limit} bytes; split the upload", 413)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyTooSlow("body", f"{size} bytes arrived in {timeout_s:g} s and then no more "
+                          "(BRADLEY_BODY_READ_TIMEOUT_S); send the whole body at once", 408) from None
     return b"".join(chunks)
 
 
-class BodyTooLarge(payloads.PayloadError):
+class UnreadBody(payloads.PayloadError):
     """Refused before the whole body was read: the answer closes the connection, since the unread
     rest would otherwise be taken for the client's next request."""
 
     close = True
+
+
+class BodyTooLarge(UnreadBody):
+    """Over BRADLEY_MAX_BODY_BYTES (413)."""
+
+
+class BodyTooSlow(UnreadBody):
+    """Not all there within BRADLEY_BODY_READ_TIMEOUT_S (408)."""
 
 
 def check_key(request: Request, keys: tuple[str, ...]) -> None:
@@ -118,6 +141,9 @@ def error_response(exc: BaseException) -> JSONResponse:
     unexpected exception is a 500 whose details go to the log only."""
     status = getattr(exc, "status", None) if isinstance(exc, ValueError) else None
     status = status or next((code for cls, code in ERROR_STATUS if isinstance(exc, cls)), 500)
+    if status == CLIENT_CLOSED:  # nobody reads the answer; the metrics and one log line do
+        log.info("client closed the connection before its request was read")
+        return JSONResponse({"error": "client closed the request", "field": None}, status)
     if status == 500:
         log.error("internal error: %s: %s", type(exc).__name__, exc, exc_info=exc)
         return JSONResponse({"error": "internal error; see the server log", "field": None}, 500)

@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     max_get_reward_items: int = Field(65_536, ge=1)
     strict_get_reward: bool = False  # 422 for a query that cannot be split into prompt + response
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # a request's whole body must arrive within this many seconds of its headers, else 408: a
+    # client that sends part of a body and then nothing would hold its slot (and a worker) forever
+    body_read_timeout_s: float = Field(10.0, gt=0, le=3600)
     max_text_chars: int = Field(200_000, ge=1)     # per prompt or response; longer is refused (422)
     # Callers without a key (when /score needs none): characters of all texts of one request, and
     # requests in flight per client address; beyond them 413 and 429 (README "Hostile clients").
