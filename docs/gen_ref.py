@@ -302,7 +302,9 @@ def _fields_table(schema: dict) -> str:
     rows += [f"| `{name}` | {_type_of(prop)} | {'yes' if name in required else 'no'} | "
              f"{' '.join(prop.get('description', '').split())} |"
              for name, prop in properties.items()]
-    return "\n".join(rows) + "\n"
+    nested = [f"\n`{name}[]`, each:\n\n{_fields_table(prop['items'])}" for name, prop in properties.items()
+              if prop.get("type") == "array" and prop.get("items", {}).get("properties")]
+    return "\n".join(rows) + "\n" + "".join(nested)
 
 
 def _type_of(schema: dict) -> str:

@@ -10,6 +10,7 @@ from starlette.responses import JSONResponse, Response
 from service.api.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
 from service.api.errors import FastJSON
 from service.api.payloads import parse_get_reward, parse_score
+from service.api.schemas import GetRewardBody, GetRewardReply, ScoreBody, ScoreReply, documented
 from service.engine.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
 
 router = APIRouter()
@@ -20,7 +21,7 @@ def _service(request: Request):
     return request.app.state.service
 
 
-@router.post("/score")
+@router.post("/score", openapi_extra=documented(ScoreBody, ScoreReply))
 async def score(request: Request, caller: Scorer, value: JsonBody) -> Response:
     """Rewards of (prompt, response) items: the reward model's scores, batched with other requests,
     and where items carry ground truth the verifiers' (worker processes), combined by weight;
@@ -42,7 +43,7 @@ async def score(request: Request, caller: Scorer, value: JsonBody) -> Response:
     return FastJSON(out)
 
 
-@router.post("/get_reward")
+@router.post("/get_reward", openapi_extra=documented(GetRewardBody, GetRewardReply))
 async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONResponse:
     """OpenRLHF's remote reward model: `--remote_rm_url http://HOST:PORT/get_reward`. With `labels`
     (ground truth), `rewards` is the combined reward and `scores` the 0/1 correctness (OpenRLHF's

@@ -131,12 +131,12 @@ def test_the_http_reference_has_every_route(gen):
     assert "**Who may call:** a key" in page.split("## POST /judgments")[1]
 
 
-@pytest.mark.xfail(strict=True, reason="/score reads its body as raw bytes; its fields reach the "
-                   "OpenAPI schema when the route declares a request model")
 def test_the_http_reference_shows_the_score_body_fields(gen):
     score = gen.http_markdown().split("## POST /score\n")[1].split("\n## ")[0]
-    for field in ("items", "group_size", "prompt", "response", "scores"):
+    for field in ("items", "group_size", "prompt", "response", "ground_truth", "scores", "advantages"):
         assert f"`{field}`" in score, field
+    get_reward = gen.http_markdown().split("## POST /get_reward\n")[1].split("\n## ")[0]
+    assert all(f"`{field}`" in get_reward for field in ("query", "labels", "rewards", "extra_logs"))
 
 
 def test_the_python_reference_has_every_public_name(gen):
