@@ -85,7 +85,7 @@ async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body:
 
 def process_cpu(pid: int) -> tuple[float, float]:
     """CPU seconds (user + system) so far of a process: (its own, with its live descendants: a
-    server's forward processes or verifier workers), from Linux /proc. A descendant that exits
+    server's verifier workers), from Linux /proc. A descendant that exits
     while it is read counts no more."""
     own = _cpu_of(pid)
     total, seen, todo = own, {pid}, [pid]

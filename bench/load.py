@@ -1,13 +1,12 @@
 """The load generator of the /score benches: concurrent keep-alive clients in raw asyncio (a few
-microseconds per request), the CPU each side used (the server's with and without its forward
-processes), and the server's forward counters meanwhile
+microseconds per request), the CPU each side used (the server's process alone and with its
+children), and the server's forward counters meanwhile
 (bench/score_load.py, bench/abuse.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import sys
 import time
 import urllib.request
@@ -59,19 +58,18 @@ def drive(port: int, items: list, requests: int, per_request: int, pid: int) -> 
             "p50_ms": pick(0.50), "p99_ms": pick(0.99), "errors": len(errors),
             "error_kinds": sorted({str(e) for e in errors})[:5],
             "server_cpu_share": round(server_cpu / seconds, 2),
-            # the server process alone, without its forward processes: HTTP, decoding, tokenizing,
-            # batching (what caps a server whose forwards run elsewhere, on a GPU)
+            # the server process alone, without its children (verifier workers): HTTP, decoding,
+            # tokenizing, batching and, on a CPU, the forwards
             "server_process_cpu_ms_per_request": round(1000 * own_cpu / requests, 3),
             "client_cpu_share": round(client_cpu / seconds, 2)}
 
 
 def forward_counters(port: int) -> dict:
     """The batcher's forward series from the server's /metrics (seconds in forwards, forwards,
-    rows), its prompt cache's look-ups and the forward overhead it learned."""
+    rows) and its prompt cache's look-ups."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     wanted = ("bradley_forward_seconds_sum", "bradley_forward_rows_count", "bradley_forward_rows_sum",
-              'bradley_prompt_cache_lookups{result="hit"}', 'bradley_prompt_cache_lookups{result="miss"}',
-              "bradley_forward_overhead_tokens")
+              'bradley_prompt_cache_lookups{result="hit"}', 'bradley_prompt_cache_lookups{result="miss"}')
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines()
             if line.split(" ", 1)[0] in wanted}
 
@@ -81,8 +79,7 @@ def drive_measured(port: int, items: list, requests: int, per_request: int, pid:
     was in a forward: near 1, the model is the limit, not the server's other work), rows per
     forward, `forward_items_per_s` (items per second of forward) and `prompt_cache_hit_share`
     (items whose prompt part came from rm/model/prompt_cache.py: these clients cycle through the items,
-    so from the second pass nearly all), and `forward_overhead_tokens`: what a forward costs before
-    its first token, in padded tokens, as the server learned it by the end (None before it has)."""
+    so from the second pass nearly all)."""
     before = forward_counters(port)
     out = drive(port, items, requests, per_request, pid)
     after = forward_counters(port)
@@ -94,12 +91,4 @@ def drive_measured(port: int, items: list, requests: int, per_request: int, pid:
     return out | {"forward_busy": round(seconds / out["seconds"], 3),
                   "rows_per_forward": round(rows / max(forwards, 1), 1),
                   "forward_items_per_s": round(rows / seconds, 1) if seconds else None,
-                  "prompt_cache_hit_share": round(hits / lookups, 3) if lookups else None,
-                  "forward_overhead_tokens": _number(after.get("bradley_forward_overhead_tokens"))}
-
-
-def _number(value: float | None) -> float | None:
-    """A gauge's value for JSON: NaN (not yet known) as None, an unbounded one as a string."""
-    if value is None or math.isnan(value):
-        return None
-    return "inf" if math.isinf(value) else round(value, 1)
+                  "prompt_cache_hit_share": round(hits / lookups, 3) if lookups else None}

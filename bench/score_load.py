@@ -4,13 +4,9 @@ For a tiny reward model (hidden 64, 2 layers) and a ~5M-parameter one (hidden 25
 built from a config, on (prompt, response) items from hh-rlhf (cut to 300 characters each):
 
 1. ceiling: the offline batched forward of the same model on the same items, pre-tokenized, in
-   length-sorted forwards of the server's token budget (nothing else running), the best of a
-   measurement before and one after the servers ran, each taken two ways: in this process with
-   every thread, and on the forward processes `bradley serve` starts on a CPU (one thread each,
-   service/engine/forward_pool.py; `ceiling_before_after` has both); once the server has learned
-   its forwards' cost, the same items cut by that cost too (`ceiling_cut_by_cost_after`); in
-   forwards of a half and a quarter of the budget (`ceiling_by_budget`: smaller forwards can run
-   faster per item, as packed ones do on a CPU); and the batch bound below: the fastest of all;
+   length-sorted forwards of the server's token budget, in this process with --torch-threads and
+   nothing else running; the better of a measurement before and one after the servers ran
+   (`ceiling_before_after`);
 2. served: `bradley serve` (the real CLI, a separate process) driven by 64 concurrent clients over
    keep-alive HTTP/1.1, first each sending single-sample requests (OpenRLHF's newer client), then
    8-item requests; the load generator is raw asyncio (a few microseconds per request) and shares
@@ -22,39 +18,28 @@ built from a config, on (prompt, response) items from hh-rlhf (cut to 300 charac
    `overhead_ratio_vs_hello` is what the server's own per-request work leaves of the floor.
 
 Prints one JSON line. Top-level figures are for the 5M model, single-sample requests, 64 clients:
-items_per_s, p50_ms, p99_ms, ratio_vs_offline (served / ceiling), ratio_vs_offline_in_process
-(served / the in-process ceiling alone, the one issue 20 was measured against), ratio_vs_per_request
-(served / naive); tiny_ratio_vs_offline, tiny_batch8_ratio_vs_offline and tiny_p99_ms are the cheap model's
-(where the server's overhead shows, issue 20), with overhead_ratio_vs_hello; `models` has every
-phase of both models; requests_total and errors count all phases.
-Goals: ratio_vs_offline >= 0.8 for both models and both request sizes, ratio_vs_per_request >= 3,
-20,000 requests with zero errors.
+items_per_s, p50_ms, p99_ms, ratio_vs_offline (served / ceiling), ratio_vs_per_request
+(served / naive); tiny_ratio_vs_offline, tiny_batch8_ratio_vs_offline and tiny_p99_ms are the cheap
+model's (where the server's own work shows), with overhead_ratio_vs_hello; `models` has every phase
+of both models; requests_total and errors count all phases.
+Goals: ratio_vs_offline >= 0.8 for the 5M model, ratio_vs_per_request >= 3, zero errors.
 
-Fairness: the in-process ceiling and the naive server use --torch-threads (default: every core this
-process may use), as would `bradley serve` with BRADLEY_FORWARD_PROCESSES=0; its forward processes
-and the ceiling measured on them use one each. Each phase reports the CPU share (cores busy) of the
-server (with its forward processes) and of the clients, and `server_process_cpu_ms_per_request`:
-the server process's own CPU per request, without its forward processes (HTTP, decoding,
-tokenizing, batching: what caps a server whose forwards run on a GPU); the summary's
-`process_cpu_ms_per_request` has it for the tiny model, 1-token items and hello-world.
+Fairness: the ceiling, `bradley serve` and the naive server all use --torch-threads (default:
+every core this process may use, what `bradley serve` takes on a CPU). Each phase reports the CPU
+share (cores busy) of the server and of the clients, and `server_process_cpu_ms_per_request`: the
+server process's CPU per request (HTTP, decoding, tokenizing, batching and, on a CPU, the forwards);
+the summary's `process_cpu_ms_per_request` has it for the tiny model, 1-token items and hello-world.
 
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
-fixed random order sorted only within each 64 and cut as the server cuts them (no HTTP, no
-tokenizing): by the forward cost it learned while serving (service/engine/forward_plan.py), else by its
-padding limit; the most such a server could reach; `ratio_vs_batch_bound` is served / that bound.
-`batch_bound_in_process_by_padding` has it at padding limits 0.1, 1 and none too (in this process,
-"cost N": the learned cut), to tell whether cutting by cost beats every fixed limit on this device.
-Each served phase also reads the server's /metrics: `forward_busy` (share of the phase the model
-was in a forward; near 1 the forward is the limit), `forward_items_per_s` (its speed meanwhile)
-and `forward_overhead_tokens` (a forward's fixed cost in padded tokens, as the server learned it).
-On a CPU the forwards share the cores with the server and the clients: `cpu_bound_ratio` (per
-phase; `tiny_cpu_bound_ratio`) is the most `ratio_vs_offline` their measured CPU per item leaves room
-for, were the served forwards as cheap per item as the ceiling's (`cpu_bound_ratio()`).
+fixed random order sorted only within each 64 and cut as the server's batcher cuts them at its
+default padding limit (no HTTP, no tokenizing): about the most such a server could reach;
+`ratio_vs_batch_bound` is served / that bound. Each served phase also reads the server's /metrics:
+`forward_busy` (share of the phase the model was in a forward; near 1 the forward is the limit),
+`forward_items_per_s` (its speed meanwhile) and `rows_per_forward`.
 
 `layout` (per model and in the summary) is how its forwards lay out their rows (RewardModel.layout:
-"packed" on a CPU). Since b03781d the ceiling is the highest of more noisy rates: its ratios read
-lower than earlier runs' for the same service.
+"unmasked" for a causal decoder, else "masked").
 
 On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
 `per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it
@@ -85,10 +70,9 @@ from bench.ceiling import offline_rate  # noqa: E402
 from bench.common import spawn, stop  # noqa: E402
 from bench.load import CLIENTS, drive, drive_measured  # noqa: E402
 from service.cli.ports import free_port  # noqa: E402  (after the path line, as the script runs)
-from service.engine.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING, forward_processes  # noqa: E402
+from service.engine.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING  # noqa: E402
 
 CUT = 300
-PADDINGS = (0.1, 1.0, float("inf"))  # padding limits the batch bound is also measured at
 MODELS = {  # name -> build_tiny_reward_model arguments, requests per phase at scale 1
     "tiny": ({"hidden": 64, "layers": 2, "vocab_size": 512},
              {"single": 20_000, "batch8": 2_500, "naive": 3_000, "overhead": 5_000}),
@@ -173,35 +157,21 @@ def naive(folder: str, items: list, n: dict, env: dict) -> dict:
         stop(server)
 
 
-def cpu_bound_ratio(phase: dict, per_request: int, ceiling: float, cores: int) -> float:
-    """The most `ratio_vs_offline` a served phase's own CPU leaves room for when the forwards share
-    the machine's `cores`, were its forwards as cheap per item as the ceiling's:
+def ratios(out: dict) -> dict:
+    """A benched model's ratios from its phases and offline rates.
 
-        f / (f + s),  f = cores / ceiling (the ceiling's CPU per item, all cores busy),
-                      s = (server process + clients) CPU per served item
-
-    served items/s <= cores / (f + s): assuming the ceiling kept every core busy (one forward
-    process per core), nothing else loaded the machine (a slowed ceiling makes f too high) and the
-    served forwards cost at least f per item. The server process is HTTP, decoding, tokenizing and
-    batching (its forward processes are the forwards). What stays between this and the measured
-    ratio is the forwards' cuts and scheduling. Not for a GPU, whose forwards do not take these
-    cores.
-
-    Run 1 of issue 20's tiny model at 0a8e39b: a 1,471 items/s ceiling on 2 cores is 1.360 ms of
-    CPU per item; 20,000 single-sample requests in 22.7 s, 0.415 ms of server CPU each, clients
-    0.04 of a core (0.045 ms per item): s = 0.460 ms, so at most 1.360 / 1.820 = 0.747 of the
-    ceiling (it served 0.599); 0.8 needs s <= 0.340 ms.
-
-    >>> phase = {"items_per_s": 881.1, "seconds": 22.7, "requests": 20_000,
-    ...          "server_process_cpu_ms_per_request": 0.415, "client_cpu_share": 0.04}
-    >>> cpu_bound_ratio(phase, per_request=1, ceiling=1471, cores=2)
-    0.747
+    >>> ratios({"single": {"items_per_s": 900.0}, "batch8": {"items_per_s": 1100.0},
+    ...         "naive": {"items_per_s": 300.0}, "ceiling_items_per_s": 1000.0,
+    ...         "batch_bound_items_per_s": 950.0, "offline_single_items_per_s": 250.0})
+    {'ratio_vs_offline': 0.9, 'batch8_ratio_vs_offline': 1.1, 'ratio_vs_per_request': 3.0, \
+'ratio_vs_batch_bound': 0.947, 'per_request_bound': 4.0}
     """
-    items = phase["requests"] * per_request
-    own = phase["server_process_cpu_ms_per_request"] * phase["requests"] / 1000
-    clients = phase["client_cpu_share"] * phase["seconds"]
-    forward = cores / ceiling
-    return round(forward / (forward + (own + clients) / items), 3)
+    served, ceiling = out["single"]["items_per_s"], out["ceiling_items_per_s"]
+    return {"ratio_vs_offline": round(served / ceiling, 3),
+            "batch8_ratio_vs_offline": round(out["batch8"]["items_per_s"] / ceiling, 3),
+            "ratio_vs_per_request": round(served / out["naive"]["items_per_s"], 2),
+            "ratio_vs_batch_bound": round(served / out["batch_bound_items_per_s"], 3),
+            "per_request_bound": round(ceiling / out["offline_single_items_per_s"], 2)}
 
 
 def bench_model(folder: str, items: list, requests: dict, args) -> dict:
@@ -218,73 +188,22 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
            "scores_without_mask": model.scores_without_mask, "layout": layout}
     seconds, device = args.offline_seconds, args.device
     kind = "cuda" if device.startswith("cuda") else "cpu"
-    # the forward's two ways on this machine: this process with every thread, and as many forward
-    # processes as `bradley serve` starts here (0 on a GPU); the ceiling is the faster
-    ways = {"in_process": 0}
-    if processes := forward_processes(None, kind):
-        ways["processes"] = processes
-
-    def ceiling(overhead_tokens: float | None = None, budget: int = args.batch_tokens) -> dict:
-        return {way: offline_rate(folder, items, budget, seconds=seconds, device=device,
-                                  processes=p, overhead_tokens=overhead_tokens)
-                for way, p in ways.items()}
-
-    before = ceiling()
+    before = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
     single = offline_rate(folder, items, args.batch_tokens, rows=1, seconds=seconds / 2, device=device)
     out |= served(folder, items, n, env) | naive(folder, items, n, env)
-    # the server's cuts of 64 waiting rows: by the forward cost it learned while serving, else
-    # (not learned) by its padding limit; and, in this process, at padding limits instead: whether
-    # cutting by cost beats every fixed limit on this device (on a GPU whose forward costs its
-    # kernel launches, padding is nearly free and every cut costs a forward)
-    learned = out["single"].get("forward_overhead_tokens")
-    learned = float(learned) if learned is not None else None
-    bound = {way: offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
-                               seen=CLIENTS, padding=AUTO_PADDING[kind], processes=p,
-                               overhead_tokens=learned)
-             for way, p in ways.items()}
-    by_padding = {str(limit): offline_rate(folder, items, args.batch_tokens, seconds=seconds,
-                                           device=device, seen=CLIENTS, padding=limit)
-                  for limit in PADDINGS if learned is not None or limit != AUTO_PADDING[kind]}
-    by_padding[f"cost {learned}" if learned is not None else str(AUTO_PADDING[kind])] = \
-        bound["in_process"]
+    # the server's cuts of 64 waiting rows at its default padding limit
+    bound = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
+                         seen=CLIENTS, padding=AUTO_PADDING[kind])
     if "overhead" in n:
         out["overhead"] = overhead(folder, n["overhead"], env)
-    # other work on a shared machine moves every figure: the ceiling is the best of the
+    # other work on a shared machine moves every figure: the ceiling is the better of the
     # measurements taken around the served runs
-    after = ceiling()
-    # the server cuts by the cost it learned: the sorted items cut so may go faster still; and
-    # smaller forwards can run faster per item (packed ones on a CPU: their activations stay in
-    # cache), so the sorted items in forwards of a half and a quarter of the budget too
-    by_cost = ceiling(learned) if learned is not None else {}
-    smaller = {budget: ceiling(budget=budget) for budget in (args.batch_tokens // 2,
-                                                             args.batch_tokens // 4)}
-    best = {way: max(before[way], after[way], by_cost.get(way, 0.0), bound[way],
-                     *(rates[way] for rates in smaller.values())) for way in ways}
-    out["ceiling_items_per_s"] = round(max(best.values()), 1)
-    out["ceiling_by_budget"] = {str(budget): {way: round(rate, 1) for way, rate in rates.items()}
-                                for budget, rates in smaller.items()}
-    out["ceiling_before_after"] = {way: [round(before[way], 1), round(after[way], 1)] for way in ways}
-    out["ceiling_cut_by_cost_after"] = {way: round(rate, 1) for way, rate in by_cost.items()}
-    out["forward_processes"] = ways.get("processes", 0)
+    after = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
+    out["ceiling_items_per_s"] = round(max(before, after), 1)
+    out["ceiling_before_after"] = [round(before, 1), round(after, 1)]
     out["offline_single_items_per_s"] = round(single, 1)
-    out["batch_bound_items_per_s"] = round(max(bound.values()), 1)
-    out["batch_bound_by_way"] = {way: round(rate, 1) for way, rate in bound.items()}
-    out["batch_bound_in_process_by_padding"] = {cut: round(rate, 1) for cut, rate in by_padding.items()}
-    out["ratio_vs_batch_bound"] = round(out["single"]["items_per_s"] / max(bound.values()), 3)
-    out["per_request_bound"] = round(out["ceiling_items_per_s"] / single, 2)
-    out["ratio_vs_offline"] = round(out["single"]["items_per_s"] / out["ceiling_items_per_s"], 3)
-    out["batch8_ratio_vs_offline"] = round(out["batch8"]["items_per_s"] / out["ceiling_items_per_s"], 3)
-    # the in-process ceiling alone (every thread: issue 20 was measured against it; it is now cut
-    # both ways too), beside the stricter one
-    in_process = best["in_process"]
-    out["ratio_vs_offline_in_process"] = round(out["single"]["items_per_s"] / in_process, 3)
-    out["ratio_vs_per_request"] = round(out["single"]["items_per_s"] / out["naive"]["items_per_s"], 2)
-    if kind == "cpu":
-        cores = len(os.sched_getaffinity(0))
-        out["cpu_bound_ratio"] = {phase: cpu_bound_ratio(out[phase], size, out["ceiling_items_per_s"],
-                                                         cores)
-                                  for phase, size in (("single", 1), ("batch8", 8))}
-    return out
+    out["batch_bound_items_per_s"] = round(bound, 1)
+    return out | ratios(out)
 
 
 def cheap_model_figures(tiny: dict | None) -> dict:
@@ -293,7 +212,6 @@ def cheap_model_figures(tiny: dict | None) -> dict:
         return {}
     figures = {"tiny_ratio_vs_offline": tiny["ratio_vs_offline"],
                "tiny_batch8_ratio_vs_offline": tiny["batch8_ratio_vs_offline"],
-               "tiny_ratio_vs_offline_in_process": tiny["ratio_vs_offline_in_process"],
                "tiny_p99_ms": tiny["single"]["p99_ms"],
                "tiny_ratio_vs_batch_bound": tiny["ratio_vs_batch_bound"],
                "tiny_forward_busy": tiny["single"]["forward_busy"],
@@ -301,11 +219,9 @@ def cheap_model_figures(tiny: dict | None) -> dict:
                "tiny_prompt_cache_hit_share": tiny["single"]["prompt_cache_hit_share"],
                "tiny_batch_bound_share_of_ceiling": round(
                    tiny["batch_bound_items_per_s"] / tiny["ceiling_items_per_s"], 3)}
-    if "cpu_bound_ratio" in tiny:
-        figures["tiny_cpu_bound_ratio"] = tiny["cpu_bound_ratio"]["single"]
     if "overhead" in tiny:
         figures["overhead_ratio_vs_hello"] = tiny["overhead"]["overhead_ratio_vs_hello"]
-        figures["process_cpu_ms_per_request"] = {  # the server process alone (no forward processes)
+        figures["process_cpu_ms_per_request"] = {  # the server process alone
             "tiny": tiny["single"]["server_process_cpu_ms_per_request"],
             "one_token": tiny["overhead"]["one_token"]["server_process_cpu_ms_per_request"],
             "hello": tiny["overhead"]["hello"]["server_process_cpu_ms_per_request"]}
@@ -324,10 +240,8 @@ def summary(results: dict, args) -> dict:
         "parameters": main_case["parameters"], "request": "single-sample",
         "items_per_s": main_case["single"]["items_per_s"], "p50_ms": main_case["single"]["p50_ms"],
         "p99_ms": main_case["single"]["p99_ms"], "ratio_vs_offline": main_case["ratio_vs_offline"],
-        "ratio_vs_offline_in_process": main_case["ratio_vs_offline_in_process"],
         "ratio_vs_per_request": main_case["ratio_vs_per_request"],
         "per_request_bound": main_case["per_request_bound"],
-        "cpu_bound_ratio": main_case.get("cpu_bound_ratio", {}).get("single"),
         "scores_without_mask": main_case["scores_without_mask"],
         "layout": main_case["layout"],
         **cheap_model_figures(results.get("tiny")),
@@ -336,12 +250,9 @@ def summary(results: dict, args) -> dict:
         "requests_total": sum(p["requests"] for p in phases), "errors": sum(p["errors"] for p in phases),
         "ceiling": f"offline RewardModel.score_encoded on pre-tokenized items, globally length-sorted "
                    f"forwards of <={args.batch_tokens} padded tokens, with no server running; the "
-                   f"best of {args.offline_seconds:g} s runs before and after the served runs, in "
-                   "the bench process and on the forward processes bradley serve runs, cut by "
-                   "the padding limit and by the forward cost the server learned, at the budget, "
-                   "its half and its quarter, and the batch bound: the fastest offline rate",
-        "threads": f"{args.torch_threads} intra-op thread(s) for the in-process ceiling and the "
-                   "naive server (torch.set_num_threads, OMP_NUM_THREADS); one per forward process",
+                   f"better of {args.offline_seconds:g} s runs before and after the served runs",
+        "threads": f"{args.torch_threads} intra-op thread(s) for the ceiling, bradley serve and the "
+                   "naive server (torch.set_num_threads, OMP_NUM_THREADS)",
         "torch_threads": args.torch_threads, "batch_tokens": args.batch_tokens, "scale": args.scale,
         "cpu_count": os.cpu_count(), "load_avg_1m_at_end": round(os.getloadavg()[0], 2),
         "models": results}

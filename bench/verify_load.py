@@ -8,10 +8,9 @@ for `gsm8k`; for `math`, the same answers as LaTeX (`\\boxed{N}`, `\\boxed{\\fra
 1. in-process: one loop calling `rm.verify.rules.run_verifier` on the items in this process (what a
    trainer's own reward function does), nothing else running;
 2. served: `bradley serve` (the real CLI, a separate process, no reward model loaded) driven by 64
-   concurrent clients over keep-alive HTTP/1.1, each request a batch of --items items; every call
-   runs in a verifier worker process under the 5 s limit; with this many requests in flight each
-   is decoded, checked and answered whole inside a worker (service/engine/verify_whole.py); the clients
-   decode replies with orjson, as a trainer's would;
+   concurrent clients over keep-alive HTTP/1.1, each request a batch of --items items; the server
+   decodes each request, spreads its calls over the verifier worker processes, every call under
+   the 5 s limit, and answers; the clients decode replies with orjson, as a trainer's would;
 3. timeout path: the gsm8k load again with a few requests carrying a regex item that backtracks
    catastrophically (`(a+)+$` on 28 a's and a "!"): each must come back as `status: timeout` after
    about the limit while the rest keeps flowing, counted in the responses and in /metrics.

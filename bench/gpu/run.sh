@@ -2,7 +2,7 @@
 # One prepared GPU run, under 9 minutes: RM and DPO training on a 135M Llama (SmolLM2-135M's shape,
 # random weights, bf16 autocast) with tokens/s and MFU, then bench/score_load.py serving the trained
 # reward model against the offline batched forward and a one-forward-per-request server. First,
-# issue 20's cheap models (the tiny and 5M reward models built from a config) served on the GPU,
+# the cheap models (the tiny and 5M reward models built from a config) served on the GPU,
 # where a forward is cheap and the server's own work per request is what shows. One JSON line each
 # in $OUT: score_load_small.json, rm_train.json, dpo_train.json, score_load.json.
 #

@@ -55,15 +55,12 @@ def test_run_sh_smoke(tmp_path):
     score = lines["score_load"]
     assert score["model"] == Path(lines["rm_train"]["path"]).name and score["errors"] == 0
     assert score["ratio_vs_offline"] > 0 and score["ratio_vs_per_request"] > 0
-    assert 0 < score["cpu_bound_ratio"] < 1   # a CPU run: its server and clients take CPU too
-    assert score["scores_without_mask"] is True   # a Llama: causal, scored without a mask
+    assert score["p50_ms"] <= score["p99_ms"]
+    assert score["scores_without_mask"] is True and score["layout"] == "unmasked"   # a causal Llama
     served = score["models"][score["model"]]
-    bounds = served["batch_bound_in_process_by_padding"]
-    learned = served["single"]["forward_overhead_tokens"]
-    assert set(bounds) - {"0.1", "1.0", "inf"} <= {f"cost {learned}"}
-    assert {"1.0", "inf"} <= set(bounds) and min(bounds.values()) > 0
-    small = lines["score_load_small"]   # issue 20's two built models, before the training
+    assert served["batch_bound_items_per_s"] > 0 and served["ratio_vs_batch_bound"] > 0
+    assert served["single"]["errors"] == served["batch8"]["errors"] == 0
+    small = lines["score_load_small"]   # the two built models, before the training
     assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
     assert small["tiny_ratio_vs_offline"] > 0 and small["overhead_ratio_vs_hello"] > 0
-    assert 0 < small["tiny_cpu_bound_ratio"] < 1
     assert all(model["scores_without_mask"] is True for model in small["models"].values())

@@ -1,5 +1,4 @@
-"""bench/score_load.py's own arithmetic: the CPU bound it prints beside its ratios (the worked
-example in its docstring is issue 20's run 1, by hand)."""
+"""bench/score_load.py's own arithmetic: the ratios it prints (its doctest, and one by hand)."""
 
 from __future__ import annotations
 
@@ -17,15 +16,15 @@ def score_load():
     return module
 
 
-def test_cpu_bound_ratio_is_the_ceilings_cpu_share_of_each_served_item():
+def test_ratios_are_served_over_offline_naive_and_the_batch_bound():
     bench = score_load()
     result = doctest.testmod(bench)
-    assert result.attempted >= 2 and result.failed == 0
-    # 1 core, ceiling 1,000 items/s (1 ms per item); 1,000 requests of 2 items in 1 s with 0.5 ms
-    # of server CPU each (0.25 ms per item) and clients at 0.25 of the core (0.125 ms per item):
-    # 1 / (1 + 0.375)
-    phase = {"items_per_s": 2000.0, "seconds": 1.0, "requests": 1000,
-             "server_process_cpu_ms_per_request": 0.5, "client_cpu_share": 0.25}
-    assert bench.cpu_bound_ratio(phase, 2, ceiling=1000, cores=1) == round(1 / 1.375, 3)
-    # the more cores the same ceiling takes, the more CPU per item its forwards have to spare
-    assert bench.cpu_bound_ratio(phase, 2, ceiling=1000, cores=2) == round(2 / 2.375, 3)
+    assert result.attempted >= 1 and result.failed == 0
+    # served 400 items/s single-sample and 1,600 in 8-item requests against a 2,000 items/s ceiling,
+    # a 500 items/s batch bound, a naive server's 100 and 250 items/s one row per forward
+    out = {"single": {"items_per_s": 400.0}, "batch8": {"items_per_s": 1600.0},
+           "naive": {"items_per_s": 100.0}, "ceiling_items_per_s": 2000.0,
+           "batch_bound_items_per_s": 500.0, "offline_single_items_per_s": 250.0}
+    assert bench.ratios(out) == {"ratio_vs_offline": 0.2, "batch8_ratio_vs_offline": 0.8,
+                                 "ratio_vs_per_request": 4.0, "ratio_vs_batch_bound": 0.8,
+                                 "per_request_bound": 8.0}
