@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from annotation.ids import canonical_json
 from annotation.snapshots import RATER_KINDS, SnapshotQueries, rater_prefix  # noqa: F401 (re-exported)
-from annotation.store_errors import StoreError, StoreLockedError  # callers import them from here too
+from annotation.store_errors import StoreError, StoreLockedError, locked_by  # noqa: F401 (callers import the errors from here too)
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
 SCHEMA_VERSION = 1
@@ -366,18 +366,5 @@ def _translate_io_error(path: str, exc: Exception) -> StoreError:
     message = str(exc)
     match = re.search(r"PID (\d+)", message)
     if "lock" in message.lower() and match:
-        pid = match.group(1)
-        return StoreLockedError(
-            f"{path} is locked by another process (PID {pid}{_process_name(pid)}); DuckDB allows one "
-            f"writer: stop that process, or, if it is `bradley serve`, send the work to it: `bradley "
-            f"--server URL ingest FILE`, or over HTTP (POST /judgments, /pairs or /feedback for "
-            f"uploads, GET /reports/latest for a report)")
+        return locked_by(path, match.group(1))
     return StoreError(f"cannot open {path}: {message}")
-
-
-def _process_name(pid: str) -> str:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
-    except OSError:
-        return ""
-    return f": {cmd[:80]}" if cmd else ""

@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from service.api import errors as http
-from service.api import routes_data, routes_score
+from service.api import routes_data, routes_score, routes_store
 from service.api.deps import ClientSlots, release_held
 from service.api.settings import Settings, load_settings
 from service.engine.runtime import Service
@@ -46,7 +46,7 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
     app = FastAPI(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.state.anon_slots = ClientSlots(settings.anon_max_concurrent)
-    for router in (routes_score.router, routes_data.router):
+    for router in (routes_score.router, routes_data.router, routes_store.router):
         # the routes themselves, not include_router: FastAPI 0.16x matches an included router's
         # routes through a wrapper, twice per request (~20 µs of each /score request, issue 20)
         app.router.routes.extend(router.routes)

@@ -4,7 +4,8 @@ its rules (rm/eval/benchmarks.py).
 
 The model is a store id or a folder, loaded here; with `--server URL` the same file is scored through
 that running `bradley serve`'s /score instead, after checking that it serves MODEL, so a served model
-gets the numbers the local one gets. The last stdout line is the JSON result; a table goes to stderr
+gets the numbers the local one gets, and without `--data` the validation split of the model's
+snapshot comes from that server's store (service/cli/stores.py). The last stdout line is the JSON result; a table goes to stderr
 and `--html OUT` writes a page with a per-subset bar chart (service/cli/eval_html.py).
 """
 
@@ -28,9 +29,6 @@ def add(sub) -> None:
                    "--benchmark, the benchmark's own Parquet or JSONL file")
     p.add_argument("--benchmark", default=None, choices=list(BENCHMARKS),
                    help="score --data by the leaderboard's rules: subsets, sections and overall score")
-    p.add_argument("--server", dest="score_server", default=None, metavar="URL",
-                   help="score through this running `bradley serve` (which must serve MODEL) "
-                        "instead of loading the model; key from env BRADLEY_API_KEY")
     p.add_argument("--html", default=None, metavar="OUT", help="also write an HTML page with a "
                    "per-subset bar chart")
     p.add_argument("--device", default="auto")
@@ -40,17 +38,16 @@ def add(sub) -> None:
 def run(args) -> int:
     if args.benchmark and not args.data:
         raise ValueError("--benchmark needs --data FILE: the benchmark's Parquet or JSONL file")
-    if args.score_server and not args.data:
-        raise ValueError("--server needs --data FILE; the validation split is read from the store "
-                         "beside a local model")
-    if args.score_server:
+    if Path(args.model).is_dir():
+        check_model_folder(args.model)
+    if args.server:
         from service.cli.remote import server
 
-        rows = _rows(args, {})
-        with server(args.score_server, f"eval through {args.score_server}") as client:
+        with server(args.server, f"eval through {args.server}") as client:
             scorer = ServedScorer(client, expected_model_id(args.model))
-            result = {"model_id": scorer.model_id, "server": args.score_server,
-                      "data": args.data, **_evaluate(args, scorer, rows)}
+            rows = _rows(args, {} if args.data else _served_config(args))
+            result = {"model_id": scorer.model_id, "server": args.server,
+                      "data": args.data or "validation", **_evaluate(args, scorer, rows)}
     else:
         from rm.model.reward_model import RewardModel
 
@@ -73,7 +70,7 @@ def _rows(args, config: dict) -> list[dict]:
         from rm.eval.pairs import load_pairs_file
 
         return load_pairs_file(args.data)
-    return _validation_rows(args.db, config)
+    return _validation_rows(args, config)
 
 
 def _evaluate(args, scorer, rows: list[dict]) -> dict:
@@ -107,30 +104,50 @@ def _folder_and_config(args) -> tuple[str, dict]:
 
     if Path(args.model).is_dir():
         return args.model, read_json(Path(args.model) / TRAIN_CONFIG)
-    return _registered(args.db, args.model)
+    if "/" in args.model or args.model.startswith("."):
+        raise ValueError(f"{args.model}: no such model folder (and model ids have no /)")
+    return _registered(args, args.model)
 
 
-def _registered(db: str, model_id: str) -> tuple[str, dict]:
+def check_model_folder(folder: str) -> None:
+    """Refuse, in one line, a folder that holds no saved model (before anything is loaded)."""
+    if not (Path(folder) / "config.json").is_file():
+        raise ValueError(f"{folder} is not a model folder (no config.json); pass a folder a reward "
+                         "model was saved to, or a registered model id (`bradley models list`)")
+
+
+def _registered(args, model_id: str) -> tuple[str, dict]:
     """(folder, train config) of a registered model, its weights checked against the registry."""
-    from annotation.store import Store
     from rm.model.reward_model import TRAIN_CONFIG, read_json
+    from service.cli.stores import open_store
     from service.engine.registry import check_row
 
-    with Store(db, read_only=True) as store:
+    with open_store(args, read_only=True) as store:
         row = store.model(model_id)
     folder = check_row(row)
     return folder, {**read_json(Path(folder) / TRAIN_CONFIG), **(row.get("config") or {})}
 
 
-def _validation_rows(db: str, config: dict) -> list[dict]:
+def _served_config(args) -> dict:
+    """The train config of the model a server serves: its folder's here, or its registered row's."""
+    from rm.model.reward_model import TRAIN_CONFIG, read_json
+    from service.cli.stores import open_store
+
+    if Path(args.model).is_dir():
+        return read_json(Path(args.model) / TRAIN_CONFIG)
+    with open_store(args, read_only=True) as store:
+        return store.model(args.model).get("config") or {}
+
+
+def _validation_rows(args, config: dict) -> list[dict]:
     """The pairs of the model's snapshot that training held out."""
-    from annotation.store import Store
     from rm.eval.pairs import validation_split
+    from service.cli.stores import open_store
 
     if not config.get("snapshot_id"):
         raise ValueError("the model records no snapshot to take a validation split from; "
                          "pass --data FILE")
-    with Store(db, read_only=True) as store:
+    with open_store(args, read_only=True) as store:
         rows = store.pairs(config["snapshot_id"]).to_pylist()
     return validation_split(rows, config.get("val_fraction", 0.1))
 

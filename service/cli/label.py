@@ -2,7 +2,8 @@
 
 The edge composes the layers: store → comparisons → judge prompts (annotation.rlaif.constitution) → judge
 (rm.judge.local) → judgment rows, both presentation orders (annotation.rlaif.orders) → one ingest batch
-(source `rlaif`). Nothing is written until every comparison is judged, so a bad judge or a dead
+(source `rlaif`). With `--server URL` the comparisons come from that running server's store and the
+verdicts go to its POST /judgments (service/cli/stores.py), as uploads of at most 4 MiB. Nothing is written until every comparison is judged, so a bad judge or a dead
 server leaves the store as it was. The last stdout line is one JSON object: pairs judged, judgments
 written, forwards, seconds, pairs/s, position consistency, ties, failures and the rater id.
 """
@@ -53,11 +54,14 @@ def run(args) -> int:
     if args.limit is not None and args.limit < 1:
         raise ValueError("--limit must be at least 1")
     constitution = load_constitution(args.constitution)
-    judge = _judge(args, constitution)
-    rater = constitution.rater(_model_name(args), ":revise" if args.revise else "")
-    from annotation.store import Store
+    _check_models(args)
+    from service.cli.stores import open_store
 
-    with Store(args.db) as store:
+    rater = constitution.rater(_model_name(args), ":revise" if args.revise else "")
+    # the store before the judge loads: a missing or locked store fails first; --generate makes
+    # its own comparisons, so it may start a new store
+    with open_store(args, create=bool(args.generate)) as store:
+        judge = _judge(args, constitution)
         if args.generate:
             from service.cli.label_revise import generate_comparisons
 
@@ -84,6 +88,32 @@ def _model_name(args) -> str:
         target = args.judge.partition(":")[2].rstrip("/")
         name = Path(target).name if args.judge.startswith("local:") else re.sub(r"^https?://", "", target)
     return re.sub(r"[^A-Za-z0-9_.@/-]+", "-", name).replace("/", "-") or "judge"
+
+
+def _check_models(args) -> None:
+    """A local judge or policy that cannot be loaded is refused here, in one line, before any work."""
+    from service.cli.model_refs import check_model_ref
+
+    fix = "; pass a causal LM folder or run `bradley models prepare smollm2`"
+    if args.judge.startswith("local:"):
+        check_model_ref(args.judge.partition(":")[2], "--judge local:", causal=True, fix=fix)
+    if args.generate:
+        check_model_ref(args.generate, "--generate", causal=True, fix=fix)
+
+
+def write_judgments(store, rows: list[dict], source: str) -> tuple[int, str | None]:
+    """(judgments written, batch id) of `rows` ingested into the store, or posted to the server
+    that holds it (there, one batch per upload: the ids joined by commas)."""
+    from service.cli.stores import is_remote
+
+    if is_remote(store):
+        answers = store.upload("judgments", rows)
+        return (sum(a.get("rows_ok") or 0 for a in answers),
+                ",".join(str(a.get("batch_id")) for a in answers))
+    from annotation.ingest.batch import ingest_records
+
+    result = ingest_records(store, rows, fmt="judgments", source=source)
+    return result.rows_ok, result.batch_id
 
 
 def _judge(args, constitution):
@@ -136,7 +166,6 @@ def _item(c, order: str, principle: str) -> tuple:
 
 
 def _write(store, constitution, comparisons, probs, rater, failures, judge) -> dict:
-    from annotation.ingest.batch import ingest_records
     from annotation.rlaif.orders import collapsed_winner, judgment_row, weighted_mean
 
     rows, both, consistent, ties = [], 0, 0, 0
@@ -155,8 +184,7 @@ def _write(store, constitution, comparisons, probs, rater, failures, judge) -> d
             ties += collapsed_winner(p["ab"], p["ba"]) == "tie"
     written, batch = 0, None
     if rows:
-        result = ingest_records(store, rows, fmt="judgments", source=f"rlaif:{constitution.name}")
-        written, batch = result.rows_ok, result.batch_id
+        written, batch = write_judgments(store, rows, f"rlaif:{constitution.name}")
     return {"pairs_judged": len(comparisons), "judgments_written": written,
             "forwards": getattr(judge, "forwards", None),
             "position_consistency": round(consistent / both, 4) if both else None,

@@ -57,8 +57,8 @@ def generate_comparisons(args) -> list:
 
 
 def revise(store, judge, constitution, comparisons, rater, args) -> dict:
-    from annotation.ingest.batch import ingest_records
     from annotation.rlaif.orders import critique_prompt, plan, revision_prompt
+    from service.cli.label import write_judgments
 
     if not hasattr(judge, "model"):
         raise ValueError("--revise needs a local judge (local:PATH): it writes text with the model")
@@ -74,8 +74,7 @@ def revise(store, judge, constitution, comparisons, rater, args) -> dict:
         rows.append({"prompt": prompt, "response_a": revision, "response_b": response,
                      "winner": "a", "strength": 1.0, "rater": rater, "source": "rlaif",
                      "rationale": f"principle: {principle}; critique: {critique[:500]}"})
-    written = ingest_records(store, rows, fmt="judgments",
-                             source=f"rlaif:{constitution.name}:revise").rows_ok if rows else 0
+    written = write_judgments(store, rows, f"rlaif:{constitution.name}:revise")[0] if rows else 0
     return {"pairs_judged": len(originals), "judgments_written": written, "forwards": None,
             "position_consistency": None, "ties": 0, "failures": len(originals) - len(rows),
             "rater": rater, "batch_id": None}

@@ -17,8 +17,10 @@ from collections.abc import Callable
 from service.cli import eval as cli_eval
 from service.cli import label as cli_label  # subcommands in modules of their own
 from service.cli import label_studio as cli_label_studio
+from service.cli import models as cli_models
 from service.cli import snapshots as cli_snapshots
 from service.cli import train as cli_train
+from service.cli.stores import open_store
 
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
@@ -26,12 +28,6 @@ EXIT_UNAVAILABLE = 2
 
 class Unavailable(Exception):
     """A subcommand that a later release provides."""
-
-
-def _open_store(args, read_only: bool = False):
-    from annotation.store import Store
-
-    return Store(args.db, read_only=read_only)
 
 
 def _print_json(obj) -> None:
@@ -56,7 +52,7 @@ def cmd_ingest(args) -> int:
     from annotation.ingest.batch import IngestError, ingest_file
 
     status = 0
-    with _open_store(args) as store:
+    with open_store(args, create=True) as store:
         for path in args.files:
             try:
                 result = ingest_file(store, path, fmt=args.format, on_error=args.on_error,
@@ -85,7 +81,7 @@ def _add_export(sub) -> None:
 def cmd_export(args) -> int:
     from annotation.export import export
 
-    with _open_store(args, read_only=True) as store:
+    with open_store(args, read_only=True) as store:
         summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters,
                          shape=args.shape)
     _print_json(summary)
@@ -168,29 +164,6 @@ def cmd_serve(args) -> int:
     return app.serve_from_args(args)
 
 
-def _add_models(sub) -> None:
-    p = sub.add_parser("models", help="prepare a ready base model offline and print its folder")
-    actions = p.add_subparsers(dest="action", required=True)
-    prep = actions.add_parser("prepare", help="tiny | minilm | smollm2")
-    prep.add_argument("name", choices=["tiny", "minilm", "smollm2"])
-    prep.add_argument("--out", default=None)
-    actions.add_parser("list", help="models registered in the store")
-
-
-def cmd_models(args) -> int:
-    if args.action == "list":
-        with _open_store(args, read_only=True) as store:
-            for row in store.models():
-                _print_json(row)
-        return 0
-    from rm.model import prepare
-
-    print(prepare.prepare(args.name, out=args.out), flush=True)
-    return 0
-
-
-
-
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="simulate → ingest → report → train a small RM → serve → score")
     p.add_argument("--workdir", default="demo", help="folder for the demo's files")
@@ -203,8 +176,12 @@ def cmd_demo(args) -> int:
     return demo.run(main, args.workdir, db=args.db, seed=args.seed)
 
 
-# what `--server URL` sends to a running `bradley serve`: service/cli/remote.py, a function each
-SERVER_COMMANDS = ("ingest", "report")
+# Commands that work through a running `bradley serve` with --server URL: ingest and report in
+# service/cli/remote.py, the others read and write through service/cli/stores.py's RemoteStore.
+SERVER_COMMANDS = ("ingest", "report", "export", "train rm", "train po", "eval", "label",
+                   "snapshots", "models list", "models register")
+REMOTE_HANDLERS = ("ingest", "report")
+NO_STORE = ("simulate", "models prepare")  # commands that never open a store
 COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "ingest": (_add_ingest, cmd_ingest),
     "export": (_add_export, cmd_export),
@@ -215,49 +192,81 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "label": (cli_label.add, cli_label.run),
     "label-studio": (cli_label_studio.add, cli_label_studio.run),
     "serve": (_add_serve, cmd_serve),
-    "models": (_add_models, cmd_models),
+    "models": (cli_models.add, cli_models.run),
     "demo": (_add_demo, cmd_demo),
     "snapshots": (cli_snapshots.add, cli_snapshots.run),
 }
+DB_HELP = "DuckDB store (env BRADLEY_DB)"
+SERVER_HELP = ("work through this running `bradley serve`, which holds the store (key from env "
+               "BRADLEY_API_KEY); commands: " + ", ".join(SERVER_COMMANDS))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bradley",
+        prog="bradley", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         description="Preference data and reward models: ingest comparisons, analyse them, train a "
                     "Bradley-Terry reward model or a policy, and serve scores over HTTP.")
     parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
-                        help="DuckDB store (env BRADLEY_DB; default bradley.duckdb)")
-    parser.add_argument("--server", default=None, metavar="URL",
-                        help="ingest or report through this running `bradley serve`, which owns "
-                             "the store's writer (key from env BRADLEY_API_KEY)")
+                        help=DB_HELP)
+    parser.add_argument("--server", default=None, metavar="URL", help=SERVER_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)
+    for path, leaf in leaves(parser):
+        leaf.formatter_class = argparse.ArgumentDefaultsHelpFormatter
+        if " ".join(path) not in NO_STORE:
+            add_store_flags(leaf, server=" ".join(path) in SERVER_COMMANDS)
     return parser
+
+
+def leaves(parser: argparse.ArgumentParser, path: tuple = ()):
+    """(command path, parser) of every command that takes no further subcommand."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs and path:
+        yield path, parser
+    for action in subs:
+        for name, sub in action.choices.items():
+            yield from leaves(sub, (*path, name))
+
+
+def add_store_flags(parser: argparse.ArgumentParser, server: bool) -> None:
+    """--db (and --server) after the command too: given there, they win over the ones before it
+    (SUPPRESS: an absent flag leaves the global value alone)."""
+    parser.add_argument("--db", default=argparse.SUPPRESS, help=DB_HELP + "; also before the command")
+    if server:
+        parser.add_argument("--server", default=argparse.SUPPRESS, metavar="URL",
+                            help="work through this running `bradley serve` (key from env "
+                                 "BRADLEY_API_KEY); also before the command")
+
+
+def command_name(args) -> str:
+    """`train rm`, `models list`, `eval`: the command as SERVER_COMMANDS names it."""
+    sub = getattr(args, "kind", None) if args.command == "train" else getattr(args, "action", None)
+    return f"{args.command} {sub}" if sub and args.command in ("train", "models") else args.command
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handler = COMMANDS[args.command][1]
+    handler, name = COMMANDS[args.command][1], command_name(args)
     if args.server:
-        if args.command not in SERVER_COMMANDS:
-            print(f"bradley {args.command}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
+        if name not in SERVER_COMMANDS:
+            print(f"bradley {name}: error: --server works with {', '.join(SERVER_COMMANDS)}; "
                   f"the server's other routes are in the manual's HTTP reference (docs/)", file=sys.stderr)
             return EXIT_ERROR
-        from service.cli import remote as cli_server
+        if args.command in REMOTE_HANDLERS:
+            from service.cli import remote as cli_server
 
-        handler = getattr(cli_server, args.command)
+            handler = getattr(cli_server, args.command)
     try:
         return handler(args) or 0
     except Unavailable as exc:
-        print(f"bradley {args.command}: {exc}", file=sys.stderr)
+        print(f"bradley {name}: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
     except (ValueError, OSError) as exc:  # library errors name the fix; no traceback for bad input
-        print(f"bradley {args.command}: error: {exc}", file=sys.stderr)
+        print(f"bradley {name}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        print(f"bradley {args.command}: interrupted", file=sys.stderr)
+        print(f"bradley {name}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -1,7 +1,8 @@
 """`bradley snapshots`: the snapshots in the store, oldest first: what each report or training run read.
 
 A snapshot is "every batch up to seq N, raters with this prefix" (annotation/snapshots.py); its id
-replays that data exactly (`report --snapshot`, `export --snapshot`, `train … --snapshot`). The table
+replays that data exactly (`report --snapshot`, `export --snapshot`, `train … --snapshot`), also
+through a running server (`bradley --server URL snapshots`, GET /snapshots). The table
 says when each was taken, its rater filter, how many judgments it holds and which models were trained
 on it; `--json` prints one JSON object per snapshot instead.
 
@@ -34,9 +35,9 @@ def rows(snapshots: list[dict]) -> list[tuple[str, ...]]:
 
 
 def run(args) -> int:
-    from annotation.store import Store
+    from service.cli.stores import open_store
 
-    with Store(args.db, read_only=True) as store:
+    with open_store(args, read_only=True) as store:
         snapshots = store.snapshots()
     if args.json:
         for snap in snapshots:

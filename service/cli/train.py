@@ -5,12 +5,20 @@ The library (rm/train/reward.py, rm/train/policy.py) never opens the store: this
 snapshot on rank 0 only (under torchrun every rank runs the CLI; rm/train/run.py calls `inputs()` on
 rank 0), hands the reference-log-prob cache to policy runs, and registers the published folder
 (service/engine/registry.py: refuses a registered `--out` unless `--overwrite`, which retires the older id).
+
+The store is the `--db` file, or with `--server URL` the store of a running `bradley serve`
+(service/cli/stores.py): the snapshot is taken and its rows streamed from the server, training runs
+here, and the model is registered through the server's POST /models. When the file is locked by the
+time training ends, the weights stay where they were published and the error says how to register
+them (`bradley models register FOLDER`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+
+from service.cli.stores import open_store
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
 
@@ -110,11 +118,10 @@ def _wrapping(args) -> str:
 def _snapshot_inputs(args, replaced: list) -> Callable:
     """`inputs()` for a run (called on rank 0 only): refuse a registered --out, freeze a snapshot
     and read its pairs (with margins for `--margin`), KTO feedback and the loss floors."""
-    from annotation.store import Store
     from rm.train.run import RunInputs
 
     def inputs() -> RunInputs:
-        with Store(args.db) as store:
+        with open_store(args) as store:
             replaced[:] = _replaced(store, args)
             snapshot_id = args.snapshot or store.create_snapshot(args.raters)
             pairs = store.pairs(snapshot_id)
@@ -153,21 +160,18 @@ def _floors(store, snapshot_id: str) -> dict:
 
 
 class StoreRefCache:
-    """The store's `ref_logps` table as a policy run's reference cache, opened per call (rank 0)."""
+    """The store's `ref_logps` table (the file's, or the server's) as a policy run's reference
+    cache, opened per call (rank 0)."""
 
-    def __init__(self, db: str):
-        self.db = db
+    def __init__(self, args):
+        self.args = args
 
     def ref_logps(self, model_hash: str, template: str, keys: list) -> dict:
-        from annotation.store import Store
-
-        with Store(self.db) as store:
+        with open_store(self.args) as store:
             return store.ref_logps(model_hash, template, keys)
 
     def put_ref_logps(self, model_hash: str, template: str, rows: list) -> None:
-        from annotation.store import Store
-
-        with Store(self.db) as store:
+        with open_store(self.args) as store:
             store.put_ref_logps(model_hash, template, rows)
 
 
@@ -180,21 +184,39 @@ def _train_rm(args, inputs) -> dict | None:
 def _train_po(args, inputs) -> dict | None:
     from rm.train.policy import train_policy
 
-    return train_policy(policy_config(args), inputs, ref_cache=StoreRefCache(args.db))
+    return train_policy(policy_config(args), inputs, ref_cache=StoreRefCache(args))
 
 
 RUNS = {"rm": _train_rm, "po": _train_po}
+BASE_MODEL_FIX = {"rm": "; pass a model folder, a hub id, `tiny`, or `bradley models prepare minilm`",
+                  "po": "; pass a causal LM folder, a hub id, `tiny`, or `bradley models prepare "
+                        "smollm2`"}
 
 
 def run(args) -> int:
     """Train; on rank 0 register the model and print its metrics as the last stdout line."""
-    from annotation.store import Store
-    from service.engine.registry import register
+    from service.cli.model_refs import check_model_ref
 
+    check_model_ref(args.base_model, "--base-model", causal=args.kind == "po",
+                    fix=BASE_MODEL_FIX[args.kind])
     replaced: list[str] = []
     metrics = RUNS[args.kind](args, _snapshot_inputs(args, replaced))
     if metrics is not None:  # None on non-zero ranks under torchrun
-        with Store(args.db) as store:
-            register(store, metrics, replaced)
+        _register(args, metrics, replaced)
         print(json.dumps(metrics, default=str), flush=True)
     return 0
+
+
+def _register(args, metrics: dict, replaced: list[str]) -> None:
+    """Register the published folder in the store (the file, or the server's); a store locked
+    meanwhile is an error that says where the weights are and how to register them later."""
+    from annotation.store import StoreLockedError
+    from service.cli.models import register_folder
+
+    try:
+        register_folder(args, metrics["path"], retire=replaced)
+    except StoreLockedError as exc:
+        raise StoreLockedError(
+            f"the model is trained and saved in {metrics['path']}, but it is not registered: {exc}. "
+            f"Register it once the store is free, or through the server that holds it: `bradley "
+            f"[--server URL] models register {metrics['path']}`") from None

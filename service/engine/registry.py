@@ -44,13 +44,30 @@ def register(store, metrics: dict, retire: list[str] = ()) -> str:
     from rm.model.reward_model import TRAIN_CONFIG, read_json
 
     record = read_json(Path(metrics["path"]) / TRAIN_CONFIG)
+    return register_record(store, metrics["path"], record, metrics, retire)[0]
+
+
+def register_record(store, path: str, record: dict, metrics: dict,
+                    retire: list[str] = ()) -> tuple[str, bool]:
+    """Register the folder at `path` from its train_config.json (`record`) and metrics.json; a run
+    beside a server sends both (POST /models). Returns (model id, whether it is new): the same id
+    with the same path is already done; the same id with another path is refused."""
+    model_id = metrics.get("model_id") or record.get("model_id")
+    if not model_id or not record.get("kind"):
+        raise ValueError(f"{path} records no model_id or kind; is it a folder `bradley train` wrote?")
+    known = {row["id"]: row for row in store.models()}
+    if model_id in known:
+        if Path(known[model_id]["path"]).resolve() == Path(path).resolve():
+            return model_id, False
+        raise ValueError(f"model {model_id} is already registered with folder "
+                         f"{known[model_id]['path']}, not {path}")
     with store.transaction():
-        model_id = store.register_model(record["kind"], record["base_model"], metrics["path"],
-                                        metrics["snapshot_id"], record, metrics,
-                                        model_id=metrics["model_id"])
+        store.register_model(record["kind"], record.get("base_model", ""), path,
+                             metrics.get("snapshot_id"), record, {**metrics, "path": path},
+                             model_id=model_id)
         for old in retire:
             store.retire_model(old, model_id)
-    return model_id
+    return model_id, True
 
 
 def check_row(row: dict) -> str:

@@ -120,7 +120,7 @@ def test_refusals_are_clear_errors(live, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("BRADLEY_API_KEY", API_KEY)
     assert main(["--server", live.url, "ingest", str(path), "--format", "label-studio"]) == 1
     assert "rows, not label-studio" in capsys.readouterr().err
-    assert main(["--server", live.url, "export", "--format", "trl", str(tmp_path / "o")]) == 1
+    assert main(["--server", live.url, "simulate", str(tmp_path / "o")]) == 1  # no store to reach
     assert "--server works with ingest, report" in capsys.readouterr().err
     assert main(["--server", "http://127.0.0.1:9", "ingest", str(path)]) == 1
     assert "cannot reach http://127.0.0.1:9" in capsys.readouterr().err
