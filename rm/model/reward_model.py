@@ -20,12 +20,14 @@ through `from_pretrained(..., use_safetensors=True)`: pickle is never read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
 import torch
 
 from rm.model import device as devices
+from rm.model import padding_free
 from rm.model.padding import last_token_index, pad_batch
 from rm.model.prompt_cache import PromptCache
 from rm.model.tiny_configs import tiny_config
@@ -47,11 +49,32 @@ class RewardNet(torch.nn.Module):
         self.is_decoder = isinstance(getattr(hf_model, "score", None), torch.nn.Linear)
         types = getattr(hf_model.config, "type_vocab_size", 0) or 0
         self.sep_token_id = sep_token_id if types > 1 else None
+        self.padding_free = False  # set by `go_padding_free`
+        self._padded_attention = hf_model.config._attn_implementation
+
+    def go_padding_free(self, device: torch.device) -> bool:
+        """Forwards of padded batches unpad them and run packed (rm/model/padding_free.py) when the
+        model and `device` allow; says so and keeps the padded path when not."""
+        self.padding_free = self.is_decoder and padding_free.enable(self.hf, device)
+        return self.padding_free
+
+    def go_padded(self) -> None:
+        """Back to the padded forward with the attention the model was loaded with."""
+        if self.padding_free:
+            self.hf.set_attn_implementation(self._padded_attention)
+            self.padding_free = False
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        if self.padding_free:
+            return self.packed_rewards(padding_free.unpad(input_ids, attention_mask)[0])
         if self.is_decoder:
             return self._decoder_rewards(input_ids, attention_mask)
         return self._encoder_rewards(input_ids, attention_mask)
+
+    def packed_rewards(self, rows: padding_free.PackedRows) -> torch.Tensor:
+        """Rewards of packed rows: one padding-free forward, the head at each row's last token."""
+        hidden = padding_free.decoder_hidden(self.hf.base_model, rows)
+        return self._head(hidden[0, rows.last])
 
     def _decoder_rewards(self, input_ids, attention_mask):
         positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -84,6 +107,27 @@ class RewardNet(torch.nn.Module):
             kwargs["token_type_ids"] = ((sep.cumsum(-1) - sep) > 0).long() * attention_mask
         out = self.hf(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out.logits.squeeze(-1).float()
+
+    @contextlib.contextmanager
+    def head_inputs(self):
+        """Within it, forwards append to the yielded list the final hidden state each reward is read
+        from [B, hidden], as the score head receives it (an encoder's [CLS] position where its head
+        takes the whole sequence): a hook on the head, so no second pass and no other path."""
+        head = self.hf.score if self.is_decoder else getattr(self.hf, "classifier", None)
+        if head is None:
+            raise ValueError(f"{type(self.hf).__name__} has no `score` or `classifier` head whose "
+                             "input is the hidden state; its latent statistics cannot be read")
+        captured: list[torch.Tensor] = []
+
+        def keep(_module, args):
+            states = args[0]
+            captured.append(states[:, 0] if states.dim() == 3 else states)
+
+        handle = head.register_forward_pre_hook(keep)
+        try:
+            yield captured
+        finally:
+            handle.remove()
 
 
 class RewardModel:
@@ -122,8 +166,9 @@ class RewardModel:
     @property
     def layout(self) -> str:
         """How forwards lay out their rows, decided at the first scoring (`_choose_layout`):
-        "unmasked" (right-padded, no mask: causal decoders, whose attention can then take its
-        causal kernel) or "masked" (padded with the mask, as trained)."""
+        "packed" (padding-free, on CUDA: rm/model/padding_free.py), "unmasked" (right-padded, no
+        mask: causal decoders, whose attention can then take its causal kernel) or "masked"
+        (padded with the mask, as trained)."""
         if self._layout is None:
             self._layout = self._choose_layout()
         return self._layout
@@ -133,18 +178,26 @@ class RewardModel:
         """Whether forwards leave the attention mask out; None before the first scoring."""
         return None if self._layout is None else self._layout != "masked"
 
-    def score_encoded(self, ids: list[list[int]]) -> list[float]:
-        """One forward over the batch; each score is independent of the rest of the batch."""
+    def score_encoded(self, ids: list[list[int]], on_states=None):
+        """One forward over the batch; each score is independent of the rest of the batch. With
+        `on_states`: (scores, on_states(the final hidden states [B, hidden] the scores were read
+        from)), called on the device within the same forward (RewardNet.head_inputs)."""
         if not ids:
-            return []
+            return [] if on_states is None else ([], [])
         if any(len(seq) == 0 for seq in ids):
             raise ValueError("cannot score an empty token sequence; encode a prompt and response first")
         layout = self.layout
         with torch.inference_mode(), devices.autocast(self.device):
-            return self._rewards(ids, layout).float().cpu().tolist()
+            if on_states is None:
+                return self._rewards(ids, layout).float().cpu().tolist()
+            with self.net.head_inputs() as states:
+                rewards = self._rewards(ids, layout)
+            return rewards.float().cpu().tolist(), on_states(torch.cat(states))
 
     def _rewards(self, ids: list[list[int]], layout: str) -> torch.Tensor:
         """One forward in `layout` (see `layout`)."""
+        if layout == "packed":
+            return self.net.packed_rewards(padding_free.pack_rows(ids, self.device))
         causal = layout == "unmasked"
         batch = pad_batch(ids, self.tokenizer.pad_token_id, "right" if causal else self.padding_side)
         input_ids = batch["input_ids"].to(self.device)
@@ -154,26 +207,43 @@ class RewardModel:
         return self.net(input_ids, batch["attention_mask"].to(self.device))
 
     def _choose_layout(self) -> str:
-        """Unmasked when its probe passes, else masked. Encoders and configs that attend both ways
-        keep the mask."""
+        """Packed when the model and device allow it and its probe passes, else unmasked when its
+        probe passes, else masked. Encoders and configs that attend both ways keep the mask."""
         config = self.net.hf.config
         if not self.net.is_decoder or getattr(config, "use_bidirectional_attention", False):
             return "masked"
-        return "unmasked" if self._probe("unmasked") else "masked"
+        rows = self._probe_rows()
+        alone = self._alone(rows)
+        if alone is None:
+            return "masked"
+        if self.net.go_padding_free(self.device):
+            if self._probe(rows, alone, "packed"):
+                return "packed"
+            self.net.go_padded()
+        return "unmasked" if self._probe(rows, alone, "unmasked") else "masked"
 
-    def _probe(self, layout: str) -> bool:
-        """Whether two probe rows scored together in `layout` score as each does alone (unpadded,
-        masked, as trained), as a causal decoder's do. One small forward; any failure says no.
-        Tolerance: 1e-3 + 1% of a score + 5% of how far the two rows' scores lie apart. Attending
-        to the 7 pads after the shorter row, or from the wrong positions, moves a score by about as
-        much as another input does; bf16 rounding on a GPU moves it far less."""
+    def _probe_rows(self) -> list[list[int]]:
+        pad, vocab = self.tokenizer.pad_token_id, self.net.hf.get_input_embeddings().num_embeddings
+        tokens = [t for t in range(1, min(vocab, 64)) if t != pad]
+        return [tokens[:5], tokens[:12][::-1]]
+
+    def _alone(self, rows: list[list[int]]) -> torch.Tensor | None:
+        """Each probe row's score alone (unpadded, masked, as trained); None when it cannot score."""
         try:
-            pad, vocab = self.tokenizer.pad_token_id, self.net.hf.get_input_embeddings().num_embeddings
-            tokens = [t for t in range(1, min(vocab, 64)) if t != pad]
-            rows = [tokens[:5], tokens[:12][::-1]]
+            with torch.inference_mode(), devices.autocast(self.device):
+                return torch.cat([self._rewards([row], "masked") for row in rows]).float()
+        except Exception:  # noqa: BLE001 - a model that cannot score so is left to fail later
+            return None
+
+    def _probe(self, rows: list[list[int]], alone: torch.Tensor, layout: str) -> bool:
+        """Whether the probe rows scored together in `layout` score as each does alone, as a
+        causal decoder's do. One small forward; any failure says no. Tolerance: 1e-3 + 1% of a
+        score + 5% of how far the two rows' scores lie apart. Attending to the 7 pads after the
+        shorter row, or from the wrong positions, moves a score by about as much as another input
+        does; bf16 rounding on a GPU moves it far less."""
+        try:
             with torch.inference_mode(), devices.autocast(self.device):
                 together = self._rewards(rows, layout).float()
-                alone = torch.cat([self._rewards([row], "masked") for row in rows]).float()
         except Exception:  # noqa: BLE001 - a model that cannot score so keeps the next layout
             return False
         allowed = 1e-3 + 1e-2 * alone.abs() + 0.05 * (alone[0] - alone[1]).abs()
@@ -239,13 +309,16 @@ def load_causal_lm(name_or_path: str):
     return model, tokenizer
 
 
-def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict) -> Path:
+def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict,
+               state_dict: dict | None = None) -> Path:
+    """The model folder. `state_dict`: the weights to write instead of the model's own (merged
+    LoRA weights, rm/train/lora.py), already gathered."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     out = Path(out_dir)
     # FSDP: every rank gathers the whole weights (a collective), rank 0 alone writes them
-    state = devices.full_state_dict(hf_model)
+    state = state_dict if state_dict is not None else devices.full_state_dict(hf_model)
     if state is not None and devices.rank() != 0:
         return out
     out.mkdir(parents=True, exist_ok=True)

@@ -59,15 +59,124 @@ def sequence_logps(logits: torch.Tensor, input_ids: torch.Tensor,
 def forward_logps(model, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """One forward of the model over the batch's sequences → (sum log-prob, n response tokens).
 
-    Logits are computed only from the position before the earliest response token on
-    (`logits_to_keep`): the LM head and the softmax skip the prompt, which for a large vocabulary
-    is much of the step's time and memory.
+    A PolicyNet (possibly wrapped by DDP or FSDP) computes them itself, padding-free and without
+    the whole logit tensor; any other causal LM's logits are computed only from the position
+    before the earliest response token on (`logits_to_keep`): the LM head and the softmax skip the
+    prompt, which for a large vocabulary is much of the step's time and memory.
     """
-    ids = batch["input_ids"]
-    out = model(input_ids=ids, attention_mask=batch["attention_mask"], use_cache=False,
-                logits_to_keep=batch.get("logits_to_keep", 0))
+    if isinstance(devices.unwrap(model), PolicyNet):
+        return model(batch["input_ids"], batch["attention_mask"], batch["response_mask"])
+    return _logits_logps(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"],
+                         batch.get("logits_to_keep", 0))
+
+
+def _logits_logps(model, ids, attention_mask, response_mask, keep: int = 0):
+    out = model(input_ids=ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=keep)
     offset = ids.size(1) - out.logits.size(1)
-    return sequence_logps(out.logits, ids[:, offset:], batch["response_mask"][:, offset:])
+    return sequence_logps(out.logits, ids[:, offset:], response_mask[:, offset:])
+
+
+# a chunk of the vocabulary projection holds at most this many logits (256 MiB in fp32)
+CHUNK_LOGITS = 1 << 26
+
+
+def token_logps(hidden: torch.Tensor, head: torch.nn.Linear, labels: torch.Tensor) -> torch.Tensor:
+    """log softmax(head(h_i))[y_i] for each row of `hidden` [M, d], in chunks of rows whose logits
+    fit CHUNK_LOGITS: the [M, vocabulary] logits never exist at once. With gradients, each chunk's
+    logits are recomputed in the backward pass (activation checkpointing) instead of kept, so the
+    backward holds one chunk's too; one chunk alone is computed directly.
+
+    >>> head = torch.nn.Linear(2, 3, bias=False)
+    >>> with torch.no_grad():
+    ...     _ = head.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.0, 0.0]]))
+    >>> token_logps(torch.tensor([[0.0, 0.0]]), head, torch.tensor([2])).exp().item()   # uniform
+    0.3333333432674408
+    """
+    per_chunk = max(1, CHUNK_LOGITS // head.weight.shape[0])
+    if hidden.shape[0] <= per_chunk:
+        return _chunk_logps(hidden, head.weight, head.bias, labels)
+    from torch.utils.checkpoint import checkpoint
+
+    parts = []
+    for h, y in zip(hidden.split(per_chunk), labels.split(per_chunk), strict=True):
+        if torch.is_grad_enabled():
+            parts.append(checkpoint(_chunk_logps, h, head.weight, head.bias, y, use_reentrant=False))
+        else:
+            parts.append(_chunk_logps(h, head.weight, head.bias, y))
+    return torch.cat(parts)
+
+
+def _chunk_logps(hidden, weight, bias, labels):
+    logits = F.linear(hidden, weight, bias).float()
+    return logits.gather(-1, labels[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+class PolicyNet(torch.nn.Module):
+    """A causal LM as `forward(input_ids, attention_mask, response_mask) -> (Σ log π over each
+    row's response tokens, their count)`: one module, so DDP and FSDP see the whole computation.
+
+    The decoder's hidden states at the positions that predict a response token are gathered
+    (token t is predicted at t − 1) and projected onto the
+    vocabulary in chunks (`token_logps`). On CUDA the rows run padding-free
+    (rm/model/padding_free.py, `go_padding_free`). A model whose own logits are more than its
+    output projection (a logit soft-cap or scale) scores through them instead: a one-row probe at
+    construction compares the two (`own_logits`).
+    """
+
+    def __init__(self, hf_model):
+        super().__init__()
+        self.hf = hf_model
+        self.padding_free = False
+        self.own_logits = not self._projection_matches()
+
+    def go_padding_free(self, device: torch.device) -> bool:
+        from rm.model import padding_free
+
+        self.padding_free = not self.own_logits and padding_free.enable(self.hf, device)
+        return self.padding_free
+
+    def forward(self, input_ids, attention_mask, response_mask):
+        if self.own_logits:
+            return _logits_logps(self.hf, input_ids, attention_mask, response_mask)
+        # a row's first token has no prediction (rm/train/policy_data.py pads on the right, so it
+        # is column 0): in the rows end to end it would be scored from the row before
+        scored = torch.cat([torch.zeros_like(response_mask[:, :1]), response_mask[:, 1:]], dim=1)
+        hidden, ids, response, row_of = self._hidden(input_ids, attention_mask, scored)
+        target = response[1:].bool()
+        logps = token_logps(hidden[:-1][target], self.hf.get_output_embeddings(), ids[1:][target])
+        sums = logps.new_zeros(input_ids.shape[0]).index_add(0, row_of[1:][target], logps)
+        return sums, response_mask[:, 1:].sum(-1)
+
+    def _hidden(self, input_ids, attention_mask, response_mask):
+        """Final hidden states [tokens, d] of the rows end to end, with each token's id, response
+        flag and row: packed (padding-free) or the padded batch flattened."""
+        rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+        if self.padding_free:
+            from rm.model import padding_free
+
+            packed, kept = padding_free.unpad(input_ids, attention_mask)
+            hidden = padding_free.decoder_hidden(self.hf.base_model, packed)[0]
+            lengths = packed.cu_seqlens.diff()
+            return hidden, packed.input_ids[0], response_mask.flatten()[kept], rows.repeat_interleave(lengths)
+        hidden = self.hf.base_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)[0]
+        width = input_ids.shape[1]
+        return (hidden.flatten(0, 1), input_ids.flatten(), response_mask.flatten(),
+                rows.repeat_interleave(width))
+
+    def _projection_matches(self) -> bool:
+        head = self.hf.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            return False
+        ids = torch.arange(1, 9, device=head.weight.device)[None] % head.weight.shape[0]
+        mask, response = torch.ones_like(ids), torch.ones_like(ids)
+        was_training = self.hf.training
+        self.hf.eval()  # dropout off: the two forwards must see the same function
+        with torch.no_grad():
+            theirs = _logits_logps(self.hf, ids, mask, response)[0]
+            hidden = self.hf.base_model(input_ids=ids, attention_mask=mask, use_cache=False)[0][0, :-1]
+            ours = token_logps(hidden, head, ids[0, 1:]).sum()
+        self.hf.train(was_training)
+        return bool((ours - theirs).abs().max() <= 1e-4 * (1 + theirs.abs().max()))
 
 
 # --- the reference cache ----------------------------------------------------------------------

@@ -15,6 +15,7 @@ returned metrics as the last stdout line. The folder is written as rm/train/run.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -26,7 +27,8 @@ import torch
 
 from rm.model import device as devices
 from rm.model.reward_model import load_causal_lm
-from rm.train.logps import reference_logps, weights_hash
+from rm.train import lora
+from rm.train.logps import PolicyNet, reference_logps, weights_hash
 from rm.train.objectives import PoConfig, po_objective
 from rm.train.policy_data import PolicyDataError, template_hash
 from rm.train.run import (
@@ -41,6 +43,7 @@ from rm.train.run import (
 )
 
 TINY_LR, PRETRAINED_LR = 1e-3, 5e-6  # random init takes a larger step
+PRETRAINED_LORA_LR = 5e-5  # adapters start at zero and move a low-rank subspace: a larger step
 
 
 @dataclass
@@ -61,7 +64,9 @@ class PolicyRunConfig(RunConfig):
     def lr(self) -> float:
         if self.train.lr is not None:
             return self.train.lr
-        return TINY_LR if self.base_model == "tiny" else PRETRAINED_LR
+        if self.base_model == "tiny":
+            return TINY_LR
+        return PRETRAINED_LORA_LR if self.lora.enabled else PRETRAINED_LR
 
 
 def train_policy(config: PolicyRunConfig, inputs: Inputs, ref_cache=None) -> dict | None:
@@ -70,6 +75,7 @@ def train_policy(config: PolicyRunConfig, inputs: Inputs, ref_cache=None) -> dic
     called on rank 0 only. `ref_cache`: where reference log-probs are looked up and kept
     (rm/train/logps.py: reference_logps; an open annotation Store is one), used on rank 0 only."""
     po_objective(config.objective)  # a bad loss or hyper-parameter fails before any work
+    config.lora.check()
 
     def make_plan(given: RunInputs) -> dict:
         if config.objective.loss != "kto":
@@ -81,12 +87,28 @@ def train_policy(config: PolicyRunConfig, inputs: Inputs, ref_cache=None) -> dic
 
     def work(plan, device, info):
         devices.set_threads(device, info)
-        model, tokenizer, data = _prepare(config, plan, device, info)
-        ref = _reference(config, model, tokenizer, data, ref_cache, device, info)
-        result, log = _train(config, plan, model, tokenizer, data, ref, device, info)
+        policy, tokenizer, data = _prepare(config, plan, device, info)
+        ref = _reference(config, policy, tokenizer, data, ref_cache, device, info)
+        result, log = _train(config, plan, policy, tokenizer, data, ref, device, info)
         return publish(plan, _metrics(config, plan, result, log, data, info)) if info.is_main else None
 
     return run_planned(config, inputs, make_plan, work)
+
+
+@dataclass
+class Policy:
+    """The model a run trains: `net` (PolicyNet: log-probs padding-free and in chunks), the causal
+    LM inside it (`hf`), its LoRA adapters (a PeftModel over `hf`, or None) and `ref_hash`, the
+    identity of the reference weights (the base model's, before any adapter)."""
+
+    net: PolicyNet
+    hf: torch.nn.Module
+    adapters: object | None
+    ref_hash: str
+
+    def reference_mode(self):
+        """The reference policy: the adapters disabled (the base weights), or the model as it is."""
+        return self.adapters.disable_adapter() if self.adapters is not None else contextlib.nullcontext()
 
 
 def _prepare(config: PolicyRunConfig, plan: dict, device, info):
@@ -106,7 +128,11 @@ def _prepare(config: PolicyRunConfig, plan: dict, device, info):
         data = po_data.kto_data(feedback, pairs, tokenizer, config.max_length)
     else:
         data = po_data.pair_data(pairs, tokenizer, config.max_length)
-    return model.to(device), tokenizer, data
+    ref_hash = weights_hash(model) if info.is_main else ""  # rank 0 alone reads the cache
+    net = PolicyNet(model)
+    net.go_padding_free(device)
+    adapters = lora.add_adapters(model, config.lora) if config.lora.enabled else None
+    return Policy(net.to(device), model, adapters, ref_hash), tokenizer, data
 
 
 def _texts(pairs: list[dict], feedback: list[dict]) -> list[str]:
@@ -118,17 +144,19 @@ def _texts(pairs: list[dict], feedback: list[dict]) -> list[str]:
     return texts + [t for r in feedback for t in (as_text(row_prompt(r)), r["completion"])]
 
 
-def _reference(config: PolicyRunConfig, model, tokenizer, data, cache, device, info) -> dict:
-    """Rank 0 fills the cache (the policy is still the reference); every rank gets the values."""
+def _reference(config: PolicyRunConfig, policy: Policy, tokenizer, data, cache, device, info) -> dict:
+    """Rank 0 fills the cache (the policy is still the reference; with LoRA, its adapters are
+    disabled for the pass); every rank gets the values."""
     started = time.perf_counter()
     ref = None
     if info.is_main:
         size, length = config.train.batch_size, config.max_length
-        values, computed = reference_logps(
-            model, data.sequences, tokenizer.pad_token_id, cache=cache,
-            model_hash=weights_hash(model), template=template_hash(tokenizer, length),
-            max_tokens=forward_tokens(size, length, data.paired, micro_batch_tokens(device)),
-            device=device, progress=True)
+        with policy.reference_mode():
+            values, computed = reference_logps(
+                policy.net, data.sequences, tokenizer.pad_token_id, cache=cache,
+                model_hash=policy.ref_hash, template=template_hash(tokenizer, length),
+                max_tokens=forward_tokens(size, length, data.paired, micro_batch_tokens(device)),
+                device=device, progress=True)
         ref = {"values": values, "computed": computed}
     ref = devices.broadcast_json(ref, info, device)
     data.stats.update(ref_computed=ref["computed"], ref_cached=len(ref["values"]) - ref["computed"],
@@ -188,7 +216,7 @@ def forward_tokens(batch_size: int, max_length: int, paired: bool = True,
     return 2 * batch_size // micro_split(batch_size, max_length, paired, budget) * max_length
 
 
-def _train(config: PolicyRunConfig, plan, model, tokenizer, data, ref, device, info):
+def _train(config: PolicyRunConfig, plan, policy: Policy, tokenizer, data, ref, device, info):
     from rm.model.reward_model import save_model
     from rm.train import policy_data as po_data
     from rm.train.loop import train_loop
@@ -206,7 +234,7 @@ def _train(config: PolicyRunConfig, plan, model, tokenizer, data, ref, device, i
               "raters": plan["raters"], "max_length": config.max_length,
               "val_fraction": config.val_fraction, "world_size": info.world_size,
               **vars(config.objective), **loop.as_dict(), "grad_accum": user.grad_accum,
-              "micro_batches": split}
+              "micro_batches": split, **config.lora.as_record()}
     log = StepLog(po_objective(config.objective), loop.grad_accum, enabled=info.is_main)
 
     def epoch_batches(epoch: int):
@@ -215,11 +243,17 @@ def _train(config: PolicyRunConfig, plan, model, tokenizer, data, ref, device, i
         return [list(part) for g in groups for part in np.array_split(g, split)]
 
     val = po_data.batches(data, val_idx, user.batch_size, 0, info.rank, info.world_size, shuffle=False)
+    def save(step: int, metrics: dict) -> None:
+        metrics = {"step": step, **metrics}
+        if policy.adapters is None:
+            save_model(policy.hf, tokenizer, plan["partial"], record, metrics)
+        else:
+            lora.save_merged(policy.adapters, tokenizer, plan["partial"], record, metrics,
+                             config.lora.keep_adapter)
+
     result = train_loop(
-        model, log, epoch_batches, val, loop, device=device, info=info, wrapping=config.wrapping,
-        collate=lambda idx: po_data.collate_examples(data, ref, idx, tokenizer.pad_token_id),
-        on_best=lambda step, m: save_model(model, tokenizer, plan["partial"], record,
-                                           {"step": step, **m}))
+        policy.net, log, epoch_batches, val, loop, device=device, info=info, wrapping=config.wrapping,
+        collate=lambda idx: po_data.collate_examples(data, ref, idx, tokenizer.pad_token_id), on_best=save)
     return result, log
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rm.model import device as devices
+from rm.train import lora
 from rm.train.loop import LoopResult, train_loop
 from rm.train.objectives import bt_objective
 from rm.train.run import (
@@ -33,6 +34,7 @@ from rm.train.run import (
 )
 
 TINY_LR, PRETRAINED_LR = 1e-3, 5e-5  # random init takes a larger step
+PRETRAINED_LORA_LR = 2e-4  # adapters start at zero and move a low-rank subspace: a larger step
 
 
 @dataclass
@@ -52,13 +54,16 @@ class RewardRunConfig(RunConfig):
     def lr(self) -> float:
         if self.train.lr is not None:
             return self.train.lr
-        return TINY_LR if self.base_model == "tiny" else PRETRAINED_LR
+        if self.base_model == "tiny":
+            return TINY_LR
+        return PRETRAINED_LORA_LR if self.lora.enabled else PRETRAINED_LR
 
 
 def train_reward_model(config: RewardRunConfig, inputs: Inputs) -> dict | None:
     """Train, write the model folder, return the final metrics (None on the other ranks of a
     torchrun job). `inputs`: a RunInputs, or a callable returning one (called on rank 0 only)."""
     config.objective()  # refuse bad options before any work
+    config.lora.check()
 
     def make_plan(given: RunInputs) -> dict:
         if not count_rows(given.pairs):
@@ -91,13 +96,7 @@ def _base_model(config: RewardRunConfig, plan: dict, rows: list[dict], info) -> 
 def _train(config: RewardRunConfig, plan: dict, device, info):
     from dataclasses import replace
 
-    from rm.model.reward_model import (
-        RewardNet,
-        count_parameters,
-        fit_max_length,
-        load_backbone,
-        save_model,
-    )
+    from rm.model.reward_model import RewardNet, count_parameters, fit_max_length, load_backbone
     from rm.train import reward_data as data
 
     rows = read_rows(plan["pairs"])
@@ -109,6 +108,8 @@ def _train(config: RewardRunConfig, plan: dict, device, info):
     pairs = data.tokenize_pairs(tokenizer, rows, max_length)
     train, val = data.split_pairs(pairs, config.val_fraction)
     net = RewardNet(hf_model, tokenizer.sep_token_id)
+    adapters = lora.add_adapters(hf_model, config.lora, lora.head_name(hf_model)) \
+        if config.lora.enabled else None
     side = tokenizer.padding_side if net.is_decoder else "right"
     loop = replace(config.train, lr=config.lr())
     lengths, size, seed = train.lengths(), loop.batch_size, loop.seed
@@ -118,18 +119,47 @@ def _train(config: RewardRunConfig, plan: dict, device, info):
         return [(train, b) for b in data.shard(batches, info.rank, info.world_size)]
 
     val_all = data.length_grouped_batches(val.lengths(), size, 0, shuffle=False)
-    record = _record(config, loop, plan, max_length, info)
-
-    def save(step: int, metrics: dict) -> None:
-        save_model(hf_model, tokenizer, plan["partial"], record, {"step": step, **metrics})
-
+    collate = lambda item: data.collate_pairs(*item, tokenizer.pad_token_id, side)  # noqa: E731
+    saver = _Saver(config, hf_model, adapters, tokenizer, plan, _record(config, loop, plan, max_length, info))
     result = train_loop(net, config.objective(), epoch_batches,
                         [(val, b) for b in val_all[info.rank::info.world_size]], loop, device=device,
-                        info=info, on_best=save, wrapping=config.wrapping,
-                        collate=lambda item: data.collate_pairs(*item, tokenizer.pad_token_id, side))
+                        info=info, on_best=saver, wrapping=config.wrapping, collate=collate)
     counts = {"n_pairs": len(pairs), "n_train": len(train), "n_val": len(val),
               "n_truncated": pairs.n_truncated}
+    if adapters is not None and info.is_main:
+        probe = val if len(val) else train
+        counts |= saver.check(net, collate((probe, list(range(min(4, len(probe)))))), device)
     return result, counts
+
+
+class _Saver:
+    """`on_best`: the model folder at the best step; with LoRA, merged weights (and the adapter
+    with keep_adapter), and a copy of the adapters and head at that step for `check`."""
+
+    def __init__(self, config: RewardRunConfig, hf_model, adapters, tokenizer, plan: dict, record: dict):
+        self.config, self.hf_model, self.adapters, self.tokenizer = config, hf_model, adapters, tokenizer
+        self.folder, self.record = plan["partial"], record
+        self.best: dict | None = None
+
+    def __call__(self, step: int, metrics: dict) -> None:
+        from rm.model.reward_model import save_model
+
+        metrics = {"step": step, **metrics}
+        if self.adapters is None:
+            save_model(self.hf_model, self.tokenizer, self.folder, self.record, metrics)
+            return
+        lora.save_merged(self.adapters, self.tokenizer, self.folder, self.record, metrics,
+                         self.config.lora.keep_adapter)
+        if not devices.is_sharded(self.hf_model):
+            self.best = lora.trainable_state(self.hf_model)
+
+    def check(self, net, batch: dict, device) -> dict:
+        """The published weights against the adapter model at the saved step (rank 0; a sharded
+        model is not checked: its forward needs every rank)."""
+        if self.best is None:
+            return {"merge_check_max_abs_diff": None}
+        lora.load_trainable_state(self.hf_model, self.best)
+        return {"merge_check_max_abs_diff": lora.check_merged(net, self.folder, batch, device)}
 
 
 def _record(config: RewardRunConfig, loop, plan: dict, max_length, info) -> dict:
@@ -138,7 +168,7 @@ def _record(config: RewardRunConfig, loop, plan: dict, max_length, info) -> dict
             "snapshot_id": plan["snapshot_id"], "raters": plan["raters"], "max_length": max_length,
             "val_fraction": config.val_fraction, "soft_labels": config.soft_labels,
             "margin": config.margin, "center": config.center, "world_size": info.world_size,
-            **loop.as_dict()}
+            **loop.as_dict(), **config.lora.as_record()}
 
 
 def _metrics(config: RewardRunConfig, plan: dict, result: LoopResult, counts: dict, info) -> dict:

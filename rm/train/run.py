@@ -31,6 +31,7 @@ import torch
 from rm.model import device as devices
 from rm.model.weights import weights_sha256
 from rm.train.loop import TrainConfig
+from rm.train.lora import LoraSettings
 
 NO_FLOORS = {"entropy_floor": None, "bt_floor": None}
 
@@ -40,7 +41,8 @@ class RunConfig:
     """What every run takes. `out` None: models/<model id>. `device`: auto | cpu | cuda | cuda:N.
     `max_length` is cut to the base model's position limit. `val_fraction` of the prompts (split by
     prompt hash, rm/train/reward_data.py) is held out for validation. `wrapping` names how the loop wraps the
-    model for several processes (rm/train/loop.py: WRAPPERS)."""
+    model for several processes (rm/train/loop.py: WRAPPERS). `lora`: low-rank adapters instead of
+    full fine-tuning (rm/train/lora.py; rank 0: off)."""
 
     base_model: str = "tiny"
     out: str | None = None
@@ -49,6 +51,7 @@ class RunConfig:
     val_fraction: float = 0.1
     train: TrainConfig = field(default_factory=TrainConfig)
     wrapping: str = "ddp"
+    lora: LoraSettings = field(default_factory=LoraSettings)
 
     @classmethod
     def from_record(cls, record: dict):
@@ -58,10 +61,11 @@ class RunConfig:
         >>> RunConfig.from_record({"base_model": "tiny", "max_length": 64, "steps": 3}).train.steps
         3
         """
-        own = {f.name for f in dataclasses.fields(cls)} - {"train", "objective"}
+        own = {f.name for f in dataclasses.fields(cls)} - {"train", "objective", "lora"}
         loop = {f.name for f in dataclasses.fields(TrainConfig)}
         return cls(**{k: record[k] for k in own if k in record},
-                   train=TrainConfig(**{k: record[k] for k in loop if k in record}))
+                   train=TrainConfig(**{k: record[k] for k in loop if k in record}),
+                   lora=LoraSettings.from_record(record))
 
 
 @dataclass

@@ -16,6 +16,7 @@ them (`bradley models register FOLDER`).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 
 from service.cli.stores import open_store
@@ -72,6 +73,16 @@ def _add_common(q) -> None:
     q.add_argument("--fsdp", action="store_true",
                    help="under torchrun: shard parameters, gradients and optimizer state over the "
                         "processes (FSDP2) instead of a whole copy in each (DDP)")
+    q.add_argument("--lora-rank", type=int, default=0, metavar="R",
+                   help="train low-rank adapters of rank R on the linear layers instead of every "
+                        "weight (0: full fine-tuning); the folder holds the merged weights")
+    q.add_argument("--lora-alpha", type=float, default=None, metavar="A",
+                   help="LoRA scale numerator: updates are (A/R)·B·A (default 2·R)")
+    q.add_argument("--lora-dropout", type=float, default=0.0, metavar="P", help="dropout on the adapters' input")
+    q.add_argument("--lora-targets", default="all-linear", metavar="NAMES",
+                   help="comma-separated module names that take adapters, or all-linear")
+    q.add_argument("--keep-adapter", action="store_true",
+                   help="also save the adapter (peft format, with the score head) in OUT/adapter")
 
 
 # --- arguments → configs -----------------------------------------------------------------------
@@ -79,6 +90,14 @@ def _add_common(q) -> None:
 LOOP_FLAGS = ("lr", "epochs", "steps", "batch_size", "grad_accum", "warmup_ratio", "eval_every",
               "patience", "max_seconds", "seed", "gradient_checkpointing")
 RUN_FLAGS = ("base_model", "out", "device", "max_length", "val_fraction")
+
+
+def lora_settings(args):
+    """rm/train/lora.py's LoraSettings from the --lora-* flags and --keep-adapter."""
+    from rm.train.lora import LoraSettings
+
+    return LoraSettings(args.lora_rank, args.lora_alpha, args.lora_dropout, args.lora_targets,
+                        args.keep_adapter)
 
 
 def train_config(args):
@@ -93,7 +112,7 @@ def reward_config(args):
 
     return RewardRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
                            train=train_config(args), wrapping=_wrapping(args),
-                           soft_labels=args.soft_labels,
+                           lora=lora_settings(args), soft_labels=args.soft_labels,
                            margin=args.margin, center=args.center)
 
 
@@ -104,7 +123,8 @@ def policy_config(args):
     objective = PoConfig(args.loss, args.beta, args.gamma, args.lam, args.label_smoothing,
                          args.robust, args.desirable_weight, args.undesirable_weight)
     return PolicyRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
-                           train=train_config(args), wrapping=_wrapping(args), objective=objective)
+                           train=train_config(args), wrapping=_wrapping(args), objective=objective,
+                           lora=lora_settings(args))
 
 
 def _wrapping(args) -> str:
@@ -129,6 +149,7 @@ def _snapshot_inputs(args, replaced: list) -> Callable:
             if args.kind == "po":
                 if args.loss == "kto":
                     given.feedback = store.feedback(snapshot_id)
+                _say_reference_scope(args, len(pairs) + len(given.feedback or []))
                 return given
             if args.margin and pairs.num_rows:
                 given.pairs = _with_margins(store, snapshot_id, pairs)
@@ -202,9 +223,38 @@ def run(args) -> int:
     replaced: list[str] = []
     metrics = RUNS[args.kind](args, _snapshot_inputs(args, replaced))
     if metrics is not None:  # None on non-zero ranks under torchrun
+        say_how_it_stopped(args, metrics)
         _register(args, metrics, replaced)
         print(json.dumps(metrics, default=str), flush=True)
     return 0
+
+
+def _say_reference_scope(args, rows: int) -> None:
+    """One stderr line when --steps uses fewer rows than the reference pass will cover: the pass
+    takes the whole snapshot, because its log-probs are kept in the store's cache (ref_logps) and
+    a later run on this snapshot and base model then needs none."""
+    used = args.steps * args.batch_size * args.grad_accum if args.steps else None
+    if used is not None and used < rows:
+        print(f"bradley train po: the reference pass covers all {rows:,} rows of the snapshot, "
+              f"though --steps {args.steps} uses about {used:,}: its log-probs are kept in the "
+              "store, so the next run on this snapshot and base model skips it", file=sys.stderr,
+              flush=True)
+
+
+STOPPED = {"early_stopping": "early stopping ended the run at step {steps}{of}: the validation "
+                             "loss did not improve for {patience} evaluations (--patience); the "
+                             "model is the best checkpoint, from step {best}",
+           "time": "--max-seconds ended the run at step {steps}{of}"}
+
+
+def say_how_it_stopped(args, metrics: dict) -> None:
+    """One stderr line when the run ended before its steps or epochs were done, and why."""
+    template = STOPPED.get(metrics.get("stopped"))
+    if template:
+        of = f" of {args.steps}" if args.steps else ""
+        print(f"bradley train {args.kind}: " + template.format(
+            steps=metrics.get("steps"), of=of, patience=args.patience, best=metrics.get("best_step")),
+            file=sys.stderr, flush=True)
 
 
 def _register(args, metrics: dict, replaced: list[str]) -> None:

@@ -224,3 +224,29 @@ def test_step_log_averages_the_micro_batches_of_one_optimizer_step():
     for _ in range(4):
         log(None, {})
     assert [s["loss"] for s in log.steps] == [2.0, 6.0]
+
+
+def test_chunked_projection_gives_the_full_logits_values_and_gradients(tiny_lm, monkeypatch):
+    """PolicyNet projects the response positions onto the vocabulary a chunk of rows at a time,
+    recomputing each chunk in the backward pass: the log-probs of the whole [rows, length,
+    vocabulary] logits, in fp32 to 1e-6, and the same gradients."""
+    model, tok = tiny_lm
+    data = po_data.pair_data(_pairs(), tok, max_length=64)
+    batch = po_data.collate(list(data.sequences.values()), tok.pad_token_id)
+    monkeypatch.setattr(seqlogps, "CHUNK_LOGITS", 7 * model.config.vocab_size)   # chunks of 7 tokens
+    assert int(batch["response_mask"][:, 1:].sum()) > 5 * 7
+    results = []
+    for net in (model, seqlogps.PolicyNet(model)):
+        model.zero_grad(set_to_none=True)
+        logps, n = seqlogps.forward_logps(net, batch)
+        (logps * torch.linspace(0.5, 1.5, logps.numel())).sum().backward()
+        results.append((logps.detach(), n, [p.grad.clone() for p in model.parameters()]))
+    (full, n_full, full_grads), (chunked, n_chunked, chunked_grads) = results
+    assert (chunked - full).abs().max() < 1e-6 * full.abs().max()   # float32 sums of the same terms
+    hidden, labels = torch.randn(40, model.config.hidden_size), torch.randint(0, 300, (40,))
+    head = model.get_output_embeddings()
+    per_token = torch.log_softmax(head(hidden), -1)[torch.arange(40), labels]
+    assert (seqlogps.token_logps(hidden, head, labels) - per_token).abs().max() < 1e-6
+    assert n_chunked.tolist() == n_full.tolist()
+    for a, b in zip(chunked_grads, full_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
