@@ -20,6 +20,11 @@ Per-item fields that a verifier may use (FORWARDED: ground_truth, verifier, data
 each item when the trainer supplies them; keywords that mean nothing here are accepted and ignored.
 Transient failures (connection errors, 502/503/504) are retried with exponential back-off; a 4xx
 raises ClientError carrying the server's message and field at once.
+
+A batch larger than one request may hold goes as several (whole groups each): the server's
+GET /limits, asked once, gives the items per request, the body limit and, for a caller without a
+key, the characters per request and requests in flight. A body over the limit is refused here as
+413 naming it, rather than sent and cut off by the server mid-upload ("connection reset").
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import asyncio
 import functools
 import json
 import os
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -35,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 RETRY_STATUSES = {502, 503, 504}
 MAX_ITEMS = 4096  # the server's default items per request; larger calls are sent in parallel chunks
+CHECKED_BODY_BYTES = 1024  # the smallest body limit a server takes: smaller bodies always fit
 PROMPT_KEYS = ("prompt", "question", "problem", "query")  # where verl's extra_info keeps the prompt
 FORWARDED = ("ground_truth", "verifier", "data_source")
 
@@ -73,6 +80,40 @@ def score_body(prompts, responses, group_size=None, advantage=None, extras=None)
     return body
 
 
+def request_chunks(sizes: list[tuple[int, int]], group_size: int | None, max_items: int,
+                   max_chars: int | None, max_bytes: int | None) -> list[tuple[int, int]]:
+    """(start, end) runs of whole groups, each within `max_items` items, `max_chars` characters
+    and `max_bytes` bytes of JSON (None: no bound); `sizes` is (characters, JSON bytes) per item. A
+    group over a bound alone goes alone (the server's refusal then names it).
+
+    >>> request_chunks([(10, 30)] * 6, 2, 100, 45, None)   # 4 items of 10 characters fit in 45
+    [(0, 4), (4, 6)]
+    """
+    group = group_size or 1
+    chunks, start, chars, size = [], 0, 0, 2
+    for first in range(0, len(sizes), group):
+        part = sizes[first:first + group]
+        more_chars, more_bytes = sum(c for c, _ in part), sum(b for _, b in part)
+        over = (first + len(part) - start > max_items
+                or max_chars is not None and chars + more_chars > max_chars
+                or max_bytes is not None and size + more_bytes > max_bytes)
+        if over and first > start:
+            chunks.append((start, first))
+            start, chars, size = first, 0, 2
+        chars, size = chars + more_chars, size + more_bytes
+    if start < len(sizes) or not chunks:
+        chunks.append((start, len(sizes)))
+    return chunks
+
+
+def _item_size(prompt, response: str, extras: dict, i: int) -> tuple[int, int]:
+    """(characters the server counts, bytes of the item's JSON) of item i."""
+    chars = len(response) + (len(prompt) if isinstance(prompt, str)
+                             else sum(len(m.get("content", "")) for m in prompt))
+    item = {"prompt": prompt, "response": response, **{k: v[i] for k, v in extras.items()}}
+    return chars, len(json.dumps(item)) + 2
+
+
 def _error(status: int, raw: bytes) -> ClientError:
     try:
         err = json.loads(raw)
@@ -91,6 +132,7 @@ class ScoreClient:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bradley-client")
+        self.workers, self._limits, self._limits_lock = workers, None, threading.Lock()
 
     def __enter__(self) -> ScoreClient:
         return self
@@ -110,9 +152,23 @@ class ScoreClient:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read()
 
+    def limits(self) -> dict:
+        """The server's GET /limits for this caller, asked once ({} from a server without the
+        route; an unreachable server is asked again next time)."""
+        with self._limits_lock:
+            if self._limits is None:
+                try:
+                    status, content = self._once("GET", "/limits", None, min(self.timeout, 10.0))
+                except (urllib.error.URLError, ConnectionError, TimeoutError):
+                    return {}
+                self._limits = json.loads(content) if status == 200 else {}
+            return self._limits
+
     def request(self, method: str, path: str, json_body=None, raw: bool = False):
-        """The decoded JSON answer (`raw=True`: its bytes); a 4xx raises ClientError."""
+        """The decoded JSON answer (`raw=True`: its bytes); a 4xx raises ClientError, and so does
+        a body over the server's limit, before it is sent."""
         body = None if json_body is None else json.dumps(json_body).encode("utf-8")
+        self._check_size(body)
         for attempt in range(self.retries + 1):
             try:
                 status, content = self._once(method, path, body, self.timeout)
@@ -126,18 +182,45 @@ class ScoreClient:
             time.sleep(min(0.2 * 2 ** attempt, 5.0))
         raise AssertionError("unreachable")
 
+    def _check_size(self, body: bytes | None) -> None:
+        if body is None or len(body) <= CHECKED_BODY_BYTES:
+            return
+        limit = self.limits().get("max_body_bytes")
+        if limit and len(body) > limit:
+            raise ClientError(413, f"the request body is {len(body):,} bytes, over the server's "
+                              f"limit of {limit:,} (BRADLEY_MAX_BODY_BYTES); send less at once",
+                              "body")
+
     def score(self, prompts, responses, group_size=None, advantage=None, extras=None) -> list[float]:
-        """Scores in input order. More than MAX_ITEMS items go as parallel requests (whole groups)."""
-        prompts, responses = list(prompts), list(responses)
-        step = MAX_ITEMS - MAX_ITEMS % (group_size or 1)
-        if len(prompts) <= step:
+        """Scores in input order. A batch over what one request may hold (MAX_ITEMS items, the
+        server's /limits) goes as several requests of whole groups, in parallel where the server
+        allows a caller that many at once."""
+        prompts, responses, extras = list(prompts), list(responses), extras or {}
+        ranges = self._request_ranges(prompts, responses, group_size, extras)
+        if len(ranges) == 1:
             return self.score_full(prompts, responses, group_size, advantage, extras)["scores"]
-        chunks = [(prompts[i:i + step], responses[i:i + step],
-                   {k: v[i:i + step] for k, v in (extras or {}).items()})
-                  for i in range(0, len(prompts), step)]
-        parts = self._pool.map(lambda c: self.score_full(c[0], c[1], group_size, advantage, c[2]),
-                               chunks)
-        return [s for part in parts for s in part["scores"]]
+
+        def part(bounds):
+            a, b = bounds
+            return self.score_full(prompts[a:b], responses[a:b], group_size, advantage,
+                                   {k: v[a:b] for k, v in extras.items()})["scores"]
+
+        allowed = self.limits().get("max_concurrent") or self.workers
+        parts = self._pool.map(part, ranges) if allowed >= self.workers else map(part, ranges)
+        return [s for scores in parts for s in scores]
+
+    def _request_ranges(self, prompts, responses, group_size, extras) -> list[tuple[int, int]]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses; pass one each")
+        limits = self.limits() if len(prompts) > 1 else {}
+        max_items = min(MAX_ITEMS, limits.get("max_items_per_request") or MAX_ITEMS)
+        max_chars, max_bytes = limits.get("max_request_chars"), limits.get("max_body_bytes")
+        if max_chars is None and max_bytes is None and len(prompts) <= max_items:
+            return [(0, len(prompts))]
+        sizes = [_item_size(p, r, extras, i) for i, (p, r) in enumerate(zip(prompts, responses,
+                                                                             strict=True))]
+        return request_chunks(sizes, group_size, max_items, max_chars,
+                              None if max_bytes is None else max_bytes - 256)  # the body's other keys
 
     def score_full(self, prompts, responses, group_size=None, advantage=None, extras=None) -> dict:
         """The whole /score answer: scores, model, and advantages when group_size is given."""

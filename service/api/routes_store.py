@@ -1,8 +1,9 @@
 """Routes that let a command work beside a running server, which owns the store's one DuckDB writer
-(`bradley --server URL export|train|eval|label|snapshots|models register`, service/cli/remote_store.py):
+(`bradley --server URL export|train|eval|label|snapshots|models register`, service/cli/stores.py):
 snapshots, a snapshot's rows as Arrow IPC or Parquet, model registration and the reference
 log-prob cache. Every one needs `Authorization: Bearer <key>` (`caller: Keyed`): rows and paths
-describe the operator's data.
+describe the operator's data. And `GET /limits`, open to all: what one request may hold, so that a
+client splits its work to fit instead of learning the limits from a 413 (service/client.py).
 
 Rows stream as an Arrow IPC stream (`.arrow`, batches of STREAM_ROWS rows, the types a direct read
 gives, so an export through the server equals a direct one byte for byte) or one Parquet file
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from service.api.deps import JsonBody, Keyed
+from service.api.deps import JsonBody, Keyed, Viewer
 from service.api.payloads import PayloadError
 from service.engine.runtime import Forbidden, NotFound
 
@@ -47,6 +48,23 @@ async def _store_call(svc, fn, *args):
         if "not found" in str(exc):
             raise NotFound(str(exc)) from None
         raise
+
+
+@router.get("/limits")
+async def limits(request: Request, caller: Viewer) -> JSONResponse:
+    """What one request from this caller may hold: body bytes (413 beyond), items per /score and
+    /get_reward request, characters per text and, without a key, characters per request and
+    requests in flight (null for a keyed caller)."""
+    settings = _service(request).settings
+    anonymous = not caller.keyed
+    return JSONResponse({
+        "keyed": caller.keyed, "max_body_bytes": settings.max_body_bytes,
+        "body_read_timeout_s": settings.body_read_timeout_s,
+        "max_items_per_request": settings.max_items_per_request,
+        "max_get_reward_items": settings.max_get_reward_items,
+        "max_text_chars": settings.max_text_chars,
+        "max_request_chars": settings.anon_max_request_chars if anonymous else None,
+        "max_concurrent": settings.anon_max_concurrent if anonymous else None})
 
 
 @router.get("/snapshots")

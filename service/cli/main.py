@@ -20,10 +20,16 @@ from service.cli import label_studio as cli_label_studio
 from service.cli import models as cli_models
 from service.cli import snapshots as cli_snapshots
 from service.cli import train as cli_train
+from service.cli.ports import PortInUse
 from service.cli.stores import open_store
 
+# Exit statuses (docs/getting-started.md lists them): 0 done, 1 an error (one line on stderr), 2 a
+# command line argparse refused or a feature not in this release, 3 a `report --fail-on` rule
+# crossed (analysis/report.py), 4 `serve`'s port is in use, 130 interrupted.
 EXIT_ERROR = 1
 EXIT_UNAVAILABLE = 2
+EXIT_PORT_IN_USE = 4
+UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot bind (the port taken meanwhile)
 
 
 class Unavailable(Exception):
@@ -132,9 +138,9 @@ def _add_report(sub) -> None:
                    help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05' (names: length_bias, slope, "
                         "alpha, agreement, gap, entropy_floor, bt_floor, cyclic_triads, or a dotted "
                         "path into the JSON): exit 3 when crossed")
-    p.add_argument("--memory-limit", default="1GB", metavar="SIZE",
-                   help="memory for DuckDB's share of the report (e.g. 512MB, 4GB; it spills to disk "
-                        "beyond it; the rest works on blocks of prompts); default 1GB")
+    p.add_argument("--memory-limit", default="512MB", metavar="SIZE",
+                   help="memory for DuckDB's share of the report (e.g. 256MB, 2GB; it spills to disk "
+                        "beyond it; the rest works on blocks of prompts); default 512MB")
 
 
 def cmd_report(args) -> int:
@@ -160,8 +166,18 @@ def _add_serve(sub) -> None:
 
 def cmd_serve(args) -> int:
     from service.api import app
+    from service.api.settings import load_settings
+    from service.cli.ports import PortInUse, check_port
 
-    return app.serve_from_args(args)
+    settings = load_settings(host=args.host, port=args.port)
+    check_port(settings.host, settings.port)  # before the store and the model are loaded
+    try:
+        return app.serve_from_args(args)
+    except SystemExit as exc:
+        if exc.code != UVICORN_STARTUP_FAILURE:
+            raise
+        raise PortInUse(f"could not listen on {settings.host}:{settings.port} (taken since it was "
+                        "checked?); pass --port N (env BRADLEY_PORT)") from None
 
 
 def _add_demo(sub) -> None:
@@ -259,15 +275,30 @@ def main(argv: list[str] | None = None) -> int:
             handler = getattr(cli_server, args.command)
     try:
         return handler(args) or 0
+    except BrokenPipeError:  # `bradley report | head -1`: the reader has what it wanted
+        quiet_stdout()
+        return 0
     except Unavailable as exc:
         print(f"bradley {name}: {exc}", file=sys.stderr)
         return EXIT_UNAVAILABLE
+    except PortInUse as exc:
+        print(f"bradley {name}: error: {exc}", file=sys.stderr)
+        return EXIT_PORT_IN_USE
     except (ValueError, OSError) as exc:  # library errors name the fix; no traceback for bad input
         print(f"bradley {name}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print(f"bradley {name}: interrupted", file=sys.stderr)
         return 130
+
+
+def quiet_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's last flush at exit does not fail on the
+    closed pipe too (the recipe of Python's signal documentation, "Note on SIGPIPE")."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout is no file (captured in a test)
+        pass
 
 
 if __name__ == "__main__":

@@ -11,8 +11,13 @@ Atomicity: with `--on-error abort` (the default) every row is checked before any
 bad row anywhere sends nothing and its error names FILE:LINE and the field. A file larger than one
 request body is sent as several uploads of at most UPLOAD_BYTES each (halved while the server
 answers 413), and each upload is its own
-batch: if the connection fails half-way, the uploads already made stay, and running the same command
-again sends identical uploads, which the server answers as duplicates (no-ops), then the rest.
+batch: if the connection fails half-way, the uploads already made stay (the error says how many
+the server acknowledged), and running the same command again sends identical uploads, which the
+server answers as duplicates (no-ops), then the rest. A row too large for one request is refused
+as 413 with the server's limit (GET /limits), before it is sent.
+
+The summary line is followed by the batch ids, one a line (`batch ID`); a progress bar counts the
+rows sent when stderr is a terminal.
 """
 
 from __future__ import annotations
@@ -140,19 +145,38 @@ def _as_pair(row: dict) -> dict:
 
 
 def send(client: ScoreClient, path: str, route: str, rows, on_error: str) -> str:
-    """Post `rows` in uploads of at most UPLOAD_BYTES; a one-line summary of what the server wrote."""
+    """Post `rows` in uploads of at most UPLOAD_BYTES; a summary of what the server wrote (one
+    line, then a `batch ID` line per upload). A connection lost half-way is an OSError that says
+    how many uploads the server had acknowledged."""
     totals = {"rows_ok": 0, "rows_rejected": 0, "duplicate": 0}
     batches, sent = [], 0
-    for upload in chunks(rows, UPLOAD_BYTES):
-        sent += len(upload)
-        for result in post(client, f"/{route}?on_error={on_error}", upload):
-            totals["rows_ok"] += result.get("rows_ok") or 0
-            totals["rows_rejected"] += result.get("rows_rejected") or 0
-            totals["duplicate"] += bool(result.get("duplicate"))
-            batches.append(result.get("batch_id"))
-    return (f"{path}: {sent} rows in {len(batches)} upload(s) to {client.url}/{route}: "
-            f"{totals['rows_ok']} ok, {totals['rows_rejected']} rejected, "
-            f"{totals['duplicate']} already there; batches {', '.join(map(str, batches))}")
+    bar = _bar(path)
+    try:
+        for upload in chunks(rows, UPLOAD_BYTES):
+            for result in post(client, f"/{route}?on_error={on_error}", upload):
+                totals["rows_ok"] += result.get("rows_ok") or 0
+                totals["rows_rejected"] += result.get("rows_rejected") or 0
+                totals["duplicate"] += bool(result.get("duplicate"))
+                batches.append(result.get("batch_id"))
+            sent += len(upload)
+            bar.update(len(upload))
+    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
+        raise OSError(f"cannot reach {client.url}: {getattr(exc, 'reason', exc)}; the server had "
+                      f"acknowledged {len(batches)} upload(s) of {path} ({sent} rows, "
+                      f"{totals['rows_ok']} ok) before the connection was lost. Run the same "
+                      "command again: those come back as duplicates, then the rest is sent") from None
+    finally:
+        bar.close()
+    summary = (f"{path}: {sent} rows in {len(batches)} upload(s) to {client.url}/{route}: "
+               f"{totals['rows_ok']} ok, {totals['rows_rejected']} rejected, "
+               f"{totals['duplicate']} already there")
+    return "\n".join([summary, *(f"batch {b}" for b in batches)])
+
+
+def _bar(path: str):
+    from tqdm import tqdm
+
+    return tqdm(desc=f"sending {path}", unit="row", file=sys.stderr, disable=None, leave=False)
 
 
 def post(client: ScoreClient, path: str, upload: list) -> list[dict]:

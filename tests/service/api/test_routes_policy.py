@@ -22,6 +22,7 @@ OPEN = {
     ("POST", "/get_reward"): "scoring, as /score",
     ("GET", "/models"): "model ids only without a key",
     ("GET", "/metrics"): "Prometheus scrapes, unless BRADLEY_METRICS_REQUIRE_KEY",
+    ("GET", "/limits"): "what a request may hold, so clients split their work to fit",
 }
 SCORING = {("POST", "/score"), ("POST", "/get_reward")}
 # Dependencies that refuse a caller without a key: Keyed, and the Label Studio webhook's, which also
