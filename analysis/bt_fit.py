@@ -102,18 +102,20 @@ def _between(sorted_groups: np.ndarray, block: np.ndarray) -> slice:
 
 def _newton(k, p, items, ridge) -> np.ndarray:
     """Newton iterations on the groups that still move; converged groups drop out, and so do their
-    items, so a late iteration costs what its few slow groups need."""
+    items, so a late iteration costs what its few slow groups need. Each step's accepted loss is
+    the next step's starting loss (the same sums, not computed twice)."""
     theta = np.zeros((p, k))
     active = np.arange(p)
     row, li, lj, n, wins = items
+    loss = _block_loss(theta, items, ridge)
     position = np.full(p, -1)
     for _ in range(NEWTON_STEPS):
         position[active] = np.arange(len(active))
         subset = (position[row], li, lj, n, wins)
-        theta[active], moved = _newton_step(theta[active], subset, ridge)
+        theta[active], moved, loss = _newton_step(theta[active], subset, ridge, loss)
         position[active] = -1
         still = moved > NEWTON_TOLERANCE
-        active = active[still]
+        active, loss = active[still], loss[still]
         if len(active) == 0:
             break
         keep = still[subset[0]]
@@ -121,21 +123,34 @@ def _newton(k, p, items, ridge) -> np.ndarray:
     return theta
 
 
-def _newton_step(theta, items, ridge) -> tuple[np.ndarray, np.ndarray]:
-    """One damped Newton step per group (θ of local node 0 stays 0); returns (θ, how far it moved)."""
+def _newton_step(theta, items, ridge, loss) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One damped Newton step per group (θ of local node 0 stays 0), halving the step of each
+    group whose loss would rise (up to 40 tries, then it stays); returns (θ, how far it moved,
+    its loss)."""
     grad, hess = _block_derivatives(theta, items, ridge)
     step = np.zeros_like(theta)
     step[:, 1:] = np.linalg.solve(hess[:, 1:, 1:], grad[:, 1:, None])[..., 0]
-    loss = _block_loss(theta, items, ridge)
     t = np.ones((len(theta), 1))
-    for _ in range(40):
-        new_theta = theta - t * step
-        worse = _block_loss(new_theta, items, ridge) > loss + 1e-12 * (1 + np.abs(loss))
+    new_theta = theta - t * step
+    new_loss = _block_loss(new_theta, items, ridge)
+    worse = new_loss > loss + 1e-12 * (1 + np.abs(loss))
+    for _ in range(39):
         if not worse.any():
             break
         t[worse] /= 2
-    new_theta[worse] = theta[worse]
-    return new_theta, np.max(np.abs(new_theta - theta), axis=1)
+        new_theta[worse] = theta[worse] - t[worse] * step[worse]
+        new_loss[worse] = _block_loss(new_theta[worse], _items_of(items, worse), ridge)
+        worse = new_loss > loss + 1e-12 * (1 + np.abs(loss))
+    new_theta[worse], new_loss[worse] = theta[worse], loss[worse]
+    return new_theta, np.max(np.abs(new_theta - theta), axis=1), new_loss
+
+
+def _items_of(items, groups: np.ndarray) -> tuple:
+    """The items of the groups where `groups` (a mask) is True, rows renumbered among them."""
+    row = items[0]
+    mine = groups[row]
+    renumber = np.cumsum(groups) - 1
+    return (renumber[row[mine]], *(x[mine] for x in items[1:]))
 
 
 def _block_loss(theta, items, ridge) -> np.ndarray:

@@ -27,7 +27,7 @@ from pathlib import Path
 EXIT_FAIL_ON = 3
 # DuckDB's share of a report's memory unless --memory-limit says otherwise: it spills to disk beyond
 # it, and the Python side works on blocks of prompts, so a laptop's report stays about this big.
-DEFAULT_MEMORY_LIMIT = "1GB"
+DEFAULT_MEMORY_LIMIT = "512MB"
 LN2 = math.log(2)
 TEXT_CHARS = 160  # texts quoted in the report are cut to this many characters
 
@@ -67,27 +67,26 @@ def build_report(store, raters: str | None = None, snapshot_id: str | None = Non
     """
     from analysis import store_analyses  # numpy, pandas and scipy: not on `bradley --help`'s path
 
-    analyses = None
-    with store.memory_limit(memory_limit) if memory_limit else nullcontext():  # a bad limit fails first
+    # every read under the limit (a bad one fails first): DuckDB keeps what it scans up to it
+    with store.memory_limit(memory_limit) if memory_limit else nullcontext():
         if snapshot_id is None:  # a run that finds nothing records no snapshot
             snapshot_id = store.create_snapshot(raters, if_any=True)
-        if snapshot_id:
-            analyses = store_analyses.analyze(store, snapshot_id, progress=progress, timings=timings)
-    if analyses is None:
-        where = f"in snapshot {snapshot_id} " if snapshot_id else ""
-        raise ReportError(f"no judgments {where}(raters={raters or 'all'}); "
-                          "ingest some with `bradley ingest FILE` or widen --raters")
-    report = {
-        "snapshot_id": snapshot_id,
-        "raters": raters or "all",
-        "n_judgments": analyses.pop("n_judgments"),
-        "n_prompts": analyses.pop("n_prompts"),
-        "n_raters": analyses.pop("n_raters"),
-        # same text on both sides: kept in the store, left out of every statistic (and of pairs)
-        "n_self_comparisons": store.self_comparisons(snapshot_id),
-        **analyses,
-    }
-    _quote_cycles(store, report["cycles"].get("worst_cycles") or [])
+        analyses = store_analyses.analyze(store, snapshot_id, progress, timings) if snapshot_id else None
+        if analyses is None:
+            where = f"in snapshot {snapshot_id} " if snapshot_id else ""
+            raise ReportError(f"no judgments {where}(raters={raters or 'all'}); "
+                              "ingest some with `bradley ingest FILE` or widen --raters")
+        report = {
+            "snapshot_id": snapshot_id,
+            "raters": raters or "all",
+            "n_judgments": analyses.pop("n_judgments"),
+            "n_prompts": analyses.pop("n_prompts"),
+            "n_raters": analyses.pop("n_raters"),
+            # same text on both sides: kept in the store, left out of every statistic (and of pairs)
+            "n_self_comparisons": store.self_comparisons(snapshot_id),
+            **analyses,
+        }
+        _quote_cycles(store, report["cycles"].get("worst_cycles") or [])
     report["verdict"] = verdict(report)
     return report
 

@@ -22,7 +22,7 @@ import numpy as np
 from analysis import agreement, cycles, length_bias
 from analysis.verdicts import coded_verdicts
 
-BLOCK_VERDICTS = 1 << 19  # verdicts per block of prompts (a block's arrays take ~0.1-0.2 GB)
+BLOCK_VERDICTS = 1 << 18  # verdicts per block of prompts
 STREAM_COLUMNS = ("prompt", "lo", "hi", "rater", "winner", "swapped")
 
 

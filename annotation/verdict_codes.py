@@ -33,10 +33,14 @@ BUILD = (
     """CREATE TEMP TABLE report_sources AS
        SELECT source_model AS name, (row_number() OVER (ORDER BY source_model) - 1)::INTEGER AS code
        FROM (SELECT DISTINCT source_model FROM responses WHERE source_model IS NOT NULL)""",
-    """CREATE TEMP TABLE report_responses AS
-       SELECT r.id, (row_number() OVER (ORDER BY r.id) - 1)::INTEGER AS code,
-              length(r.text)::BIGINT AS len, s.code AS source
+    # lengths first, into a table of their own: ranking the ids beside the texts sorts the texts too
+    """CREATE TEMP TABLE report_response_lengths AS
+       SELECT r.id, length(r.text)::BIGINT AS len, s.code AS source
        FROM responses r LEFT JOIN report_sources s ON s.name = r.source_model""",
+    """CREATE TEMP TABLE report_responses AS
+       SELECT id, (row_number() OVER (ORDER BY id) - 1)::INTEGER AS code, len, source
+       FROM report_response_lengths""",
+    "DROP TABLE report_response_lengths",
     """CREATE TEMP TABLE report_verdicts AS
        SELECT p.code AS prompt, least(a.code, b.code) AS lo, greatest(a.code, b.code) AS hi,
               r.code AS rater,
@@ -50,8 +54,8 @@ BUILD = (
        JOIN report_raters r ON r.name = j.rater
        WHERE j.response_a <> j.response_b""",
 )
-TEMP_TABLES = ("report_verdicts", "report_responses", "report_sources", "report_prompts",
-               "report_raters")
+TEMP_TABLES = ("report_verdicts", "report_responses", "report_response_lengths", "report_sources",
+               "report_prompts", "report_raters")
 
 
 class VerdictCodes:

@@ -12,7 +12,7 @@ bench/report_reference_1m.json (integers equal, floats within 1e-9).
 Goals: 10M judgments over 1M prompts in <= 100 s and < 4 GB; rss_ratio <= 1.3; scaling_2x <= 2.2.
 
     nice -n 15 .venv/bin/python bench/report.py --judgments 1000000 2000000 10000000 \\
-        --prompts 100000 200000 1000000 [--memory-limit 1GB] [--stores DIR]
+        --prompts 100000 200000 1000000 [--memory-limit 512MB] [--stores DIR]
 """
 
 from __future__ import annotations
@@ -127,7 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--judgments", type=int, nargs="+", default=[1_000_000, 2_000_000, 10_000_000])
     parser.add_argument("--prompts", type=int, nargs="+", default=[100_000, 200_000, 1_000_000])
-    parser.add_argument("--memory-limit", default="1GB", help="handed to build_report (DuckDB)")
+    parser.add_argument("--memory-limit", default="512MB", help="handed to build_report (DuckDB)")
     parser.add_argument("--repeats", type=int, default=1, help="reports per size, each a fresh process")
     parser.add_argument("--stores", default=None, help="keep (and reuse) the stores in this folder")
     parser.add_argument("--build", default=None, help=argparse.SUPPRESS)
