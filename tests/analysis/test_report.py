@@ -1,7 +1,9 @@
 """The report: its keys and snapshot, the HTML page, --fail-on, the CLI edge, planted cycles, MT-Bench."""
 
 import base64
+import io
 import json
+import sys
 from html.parser import HTMLParser
 
 import numpy as np
@@ -120,6 +122,22 @@ def test_cli_memory_limit_is_handed_to_duckdb_and_a_bad_one_is_refused(simulated
     assert "should look like 1.5GB" in capsys.readouterr().err
     with Store(db, read_only=True) as store:
         assert len(store.snapshots()) == snapshots + 2  # the refused run recorded none
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_bar_on_a_terminal_only(simulated, monkeypatch, capsys):
+    with Store(simulated[0]) as store:
+        report.build_report(store, progress=True)  # pytest's stderr is no terminal: no bar
+        assert capsys.readouterr().err == ""
+        terminal = _Terminal()
+        monkeypatch.setattr(sys, "stderr", terminal)
+        report.build_report(store, progress=True)
+    shown = terminal.getvalue()
+    assert "report: prompts" in shown and f"{simulated[1]['n_judgments'] / 1000:.2f}k" in shown
 
 
 def test_raters_filter_restricts_the_report(simulated):
