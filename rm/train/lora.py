@@ -96,10 +96,12 @@ class LoraSettings:
         return cls(**{name: record[key] for name, key in names.items() if key in record})
 
 
-def add_adapters(hf_model, settings: LoraSettings, head: str | None = None):
+def add_adapters(hf_model, settings: LoraSettings, head: str | None = None, seed: int = 0):
     """Wrap `hf_model` in peft's LoRA, in place (its modules gain the adapters; the returned
     PeftModel holds the same modules). `head`: the output module trained in full (a reward
-    model's score head), or None (a policy keeps its vocabulary projection frozen).
+    model's score head), or None (a policy keeps its vocabulary projection frozen). The random A
+    matrices are drawn from `seed`, so every rank of a torchrun job starts from the same ones
+    (FSDP2, unlike DDP, does not broadcast rank 0's initial weights).
 
     Only linear layers take adapters: an embedding or convolution named in --lora-targets is
     refused, since the merge reads linear adapters only."""
@@ -111,6 +113,7 @@ def add_adapters(hf_model, settings: LoraSettings, head: str | None = None):
     config = LoraConfig(r=settings.rank, lora_alpha=settings.rank * settings.scale,
                         lora_dropout=settings.dropout, target_modules=settings.target_modules(),
                         modules_to_save=[head] if head else None, bias="none")
+    torch.manual_seed(seed)
     try:
         peft_model = get_peft_model(hf_model, config)
     except ValueError as exc:

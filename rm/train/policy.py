@@ -131,7 +131,7 @@ def _prepare(config: PolicyRunConfig, plan: dict, device, info):
     ref_hash = weights_hash(model) if info.is_main else ""  # rank 0 alone reads the cache
     net = PolicyNet(model)
     net.go_padding_free(device)
-    adapters = lora.add_adapters(model, config.lora) if config.lora.enabled else None
+    adapters = lora.add_adapters(model, config.lora, seed=config.train.seed) if config.lora.enabled else None
     return Policy(net.to(device), model, adapters, ref_hash), tokenizer, data
 
 

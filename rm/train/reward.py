@@ -108,7 +108,7 @@ def _train(config: RewardRunConfig, plan: dict, device, info):
     pairs = data.tokenize_pairs(tokenizer, rows, max_length)
     train, val = data.split_pairs(pairs, config.val_fraction)
     net = RewardNet(hf_model, tokenizer.sep_token_id)
-    adapters = lora.add_adapters(hf_model, config.lora, lora.head_name(hf_model)) \
+    adapters = lora.add_adapters(hf_model, config.lora, lora.head_name(hf_model), config.train.seed) \
         if config.lora.enabled else None
     side = tokenizer.padding_side if net.is_decoder else "right"
     loop = replace(config.train, lr=config.lr())

@@ -108,3 +108,45 @@ def test_train_dpo_two_processes(tmp_path, shared_data):
     assert sharded["world_size"] == 2 and sharded["final_loss"] == pytest.approx(metrics["final_loss"],
                                                                                  abs=1e-5)
     assert_same_checkpoints(metrics["path"], sharded["path"], AutoModelForCausalLM)
+
+
+def assert_ranks_agree_on_adapters(weights: Path) -> None:
+    """Both ranks end with the same adapters and head, moved from where they started (B = 0);
+    the base weights stay where they started."""
+    ranks = [load_file(weights / f"rank{r}.safetensors") for r in (0, 1)]
+    starts = [load_file(weights / f"rank{r}.start.safetensors") for r in (0, 1)]
+    adapters = [name for name in ranks[0] if "lora_" in name or "modules_to_save" in name]
+    assert len(adapters) > 10
+    for name in ranks[0]:
+        assert torch.equal(ranks[0][name], ranks[1][name]), f"{name} differs between ranks"
+        assert torch.equal(starts[0][name], starts[1][name]), f"{name} started differently"
+        if name not in adapters and ".original_module." not in name:
+            assert torch.equal(ranks[0][name], starts[0][name]), f"frozen {name} moved"
+    moved = [n for n in adapters if "lora_B" in n and not torch.equal(ranks[0][n], starts[0][n])]
+    assert moved and len(moved) == len([n for n in adapters if "lora_B" in n])
+
+
+def test_lora_dpo_two_processes_end_with_the_same_adapters(tmp_path, shared_data):
+    db = str(tmp_path / "po.duckdb")
+    with Store(db) as store:
+        put_pairs(store, hh_pairs(shared_data / "hh-rlhf/harmless-base-test.jsonl.gz", 16))
+    args = ["--db", db, "train", "po", "--loss", "dpo", "--device", "cpu", "--steps", "3",
+            "--batch-size", "2", "--max-length", "96", "--lora-rank", "4"]
+    metrics = torchrun([*args, "--out", str(tmp_path / "dpo")], tmp_path / "weights")
+    assert metrics["world_size"] == 2 and metrics["first_loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert_ranks_agree_on_adapters(tmp_path / "weights")
+
+
+def test_lora_rm_under_ddp_and_fsdp_publishes_the_same_merged_model(tmp_path):
+    from transformers import AutoModelForSequenceClassification
+
+    db = str(tmp_path / "store.duckdb")
+    with Store(db) as store:
+        write_pairs(store, synthetic_pairs(96))
+    args = ["--db", db, "train", "rm", "--device", "cpu", "--steps", "4", "--batch-size", "4",
+            "--eval-every", "2", "--lora-rank", "4"]
+    ddp = plain_torchrun([*args, "--out", str(tmp_path / "ddp")])
+    sharded = plain_torchrun([*args, "--fsdp", "--out", str(tmp_path / "fsdp")])
+    assert ddp["merge_check_max_abs_diff"] < 1e-5 and ddp["best_step"] == sharded["best_step"]
+    assert sharded["val_loss"] == pytest.approx(ddp["val_loss"], abs=1e-5)
+    assert_same_checkpoints(ddp["path"], sharded["path"], AutoModelForSequenceClassification)
