@@ -5,7 +5,8 @@ its rules (rm/eval/benchmarks.py).
 The model is a store id or a folder, loaded here; with `--server URL` the same file is scored through
 that running `bradley serve`'s /score instead, after checking that it serves MODEL, so a served model
 gets the numbers the local one gets, and without `--data` the validation split of the model's
-snapshot comes from that server's store (service/cli/stores.py). The last stdout line is the JSON result; a table goes to stderr
+snapshot comes from that server's store (service/cli/stores.py). A progress bar counts the responses
+scored when stderr is a terminal. The last stdout line is the JSON result; a table goes to stderr
 and `--html OUT` writes a page with a per-subset bar chart (service/cli/eval_html.py).
 """
 
@@ -31,8 +32,8 @@ def add(sub) -> None:
                    help="score --data by the leaderboard's rules: subsets, sections and overall score")
     p.add_argument("--html", default=None, metavar="OUT", help="also write an HTML page with a "
                    "per-subset bar chart")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
+    p.add_argument("--batch-size", type=int, default=16, help="responses per forward")
 
 
 def run(args) -> int:
@@ -55,7 +56,7 @@ def run(args) -> int:
         rows = _rows(args, config)
         model = RewardModel.load(folder, device=args.device)
         result = {"model_id": model.model_id, "path": str(folder), "data": args.data or "validation",
-                  **_evaluate(args, model, rows)}
+                  **_evaluate(args, ScoringProgress(model), rows)}
     _report(args, result)
     print(json.dumps(result, default=str), flush=True)
     return 0
@@ -164,6 +165,33 @@ def expected_model_id(model: str) -> str:
     return model
 
 
+def _bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="eval", unit="response", file=sys.stderr, disable=None, leave=False)
+
+
+class ScoringProgress:
+    """A RewardModel's `score` with a progress bar: the batches RewardModel.score forms (length-
+    sorted, `batch_size` sequences each), so the scores are the same to the bit."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def score(self, prompts: list, responses: list, batch_size: int = 32) -> list[float]:
+        ids = self.model.encode(prompts, responses)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        scores = [0.0] * len(ids)
+        with _bar(len(ids)) as bar:
+            for start in range(0, len(order), batch_size):
+                chunk = order[start:start + batch_size]
+                for i, value in zip(chunk, self.model.score_encoded([ids[i] for i in chunk]),
+                                    strict=True):
+                    scores[i] = value
+                bar.update(len(chunk))
+        return scores
+
+
 class ServedScorer:
     """Scores through a server's /score in requests of at most MAX_ITEMS items and `budget` bytes
     (halved while the server answers 413), each answer checked to come from `model_id`."""
@@ -177,7 +205,7 @@ class ServedScorer:
 
     def score(self, prompts: list, responses: list, batch_size: int | None = None) -> list[float]:
         scores: list[float] = []
-        start = 0
+        start, bar = 0, _bar(len(responses))
         while start < len(responses):
             end = self._chunk_end(prompts, responses, start)
             try:
@@ -192,6 +220,8 @@ class ServedScorer:
                                  f"{answer.get('model')} during the evaluation; run it again")
             scores += answer["scores"]
             start = end
+            bar.update(len(answer["scores"]))
+        bar.close()
         return scores
 
     def _chunk_end(self, prompts: list, responses: list, start: int) -> int:

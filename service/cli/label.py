@@ -31,8 +31,8 @@ def add(sub) -> None:
     p.add_argument("--raters-prefix", default=None,
                    help="only comparisons judged by raters with this prefix (human: to measure agreement)")
     p.add_argument("--judge-name", default=None, help="model name in the rater id (default: from --judge)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0, help="seed of the principle draws and sampling")
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per judge forward")
     p.add_argument("--no-prefix-reuse", action="store_true", help="judge every sequence whole")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N (local judge)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per request (openai judge)")
@@ -42,8 +42,9 @@ def add(sub) -> None:
                    help="sample responses with this local causal LM for --prompts, then judge them")
     p.add_argument("--prompts", default=None, metavar="FILE", help="JSONL with a prompt field, or text lines")
     p.add_argument("--n", type=int, default=2, help="responses sampled per prompt (--generate)")
-    p.add_argument("--temperature", type=float, default=0.8)
-    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (--generate)")
+    p.add_argument("--max-new-tokens", type=int, default=64,
+                   help="tokens per sampled response or revision")
     p.add_argument("--revise", action="store_true",
                    help="critique and rewrite responses with the judge; store (revision ≻ original)")
 

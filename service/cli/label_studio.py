@@ -31,7 +31,8 @@ def add(sub) -> None:
         q.add_argument("--project", type=int, default=None,
                        help="project id (default: the one set up last for this URL)")
     push.add_argument("--select", default="random",
-                      choices=["uncertain", "disagreement", "coverage", "random"])
+                      choices=["uncertain", "disagreement", "coverage", "random"],
+                      help="which pairs to send first")
     push.add_argument("--model", default=None, help="reward model (store id or folder) for uncertain")
     push.add_argument("--limit", type=int, default=100, help="pairs to send at most")
     push.add_argument("--seed", type=int, default=0, help="seed of the random selection and left/right draws")

@@ -48,7 +48,8 @@ def _add_ingest(sub) -> None:
     p.add_argument("files", nargs="+", metavar="FILE",
                    help="JSONL/JSON/CSV/Parquet (optionally .gz), a saved HF dataset folder, or hf:SPEC")
     p.add_argument("--format", default="auto",
-                   choices=["auto", "trl", "hh", "judgments", "kto", "label-studio", "hf"])
+                   choices=["auto", "trl", "hh", "judgments", "kto", "label-studio", "hf"],
+                   help="row format (auto: from the first row's columns)")
     p.add_argument("--on-error", default="abort", choices=["abort", "skip"],
                    help="abort: a bad row writes nothing from that file; skip: store bad rows in rejects")
     p.add_argument("--source-model", default=None, help="record this model as the author of responses")
@@ -76,7 +77,8 @@ def cmd_ingest(args) -> int:
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="write resolved pairs or judgments out of the store")
     p.add_argument("out", metavar="OUT")
-    p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"])
+    p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"],
+                   help="trl: resolved pairs; jsonl, parquet: every judgment; hf: a saved dataset")
     p.add_argument("--snapshot", default=None, help="reproduce exactly what a past run read")
     p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
     p.add_argument("--as", dest="shape", default="auto", choices=["auto", "text", "conversational"],
@@ -97,21 +99,21 @@ def cmd_export(args) -> int:
 def _add_simulate(sub) -> None:
     p = sub.add_parser("simulate", help="write synthetic judgments with known truth (+ OUT.truth.json)")
     p.add_argument("out", metavar="OUT")
-    p.add_argument("--prompts", type=int, default=200)
+    p.add_argument("--prompts", type=int, default=200, help="prompts to simulate")
     p.add_argument("--responses", type=int, default=4, help="responses per prompt")
-    p.add_argument("--raters", type=int, default=8)
+    p.add_argument("--raters", type=int, default=8, help="raters in all (human and ai)")
     p.add_argument("--length-bias", type=float, default=0.5,
                    help="planted logistic coefficient on the standardized length difference")
     p.add_argument("--cycle-rate", type=float, default=0.1,
                    help="share of prompts where two rater groups judge by different criteria")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--raters-per-pair", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0, help="random seed: the same seed, the same file")
+    p.add_argument("--raters-per-pair", type=int, default=3, help="raters who judge each pair")
     p.add_argument("--pairs-per-prompt", type=int, default=None, help="default: every pair")
     p.add_argument("--ai-raters", type=int, default=1, help="how many raters are ai:… judges")
     p.add_argument("--noisy-share", type=float, default=0.25, help="share of noisy raters")
     p.add_argument("--adversarial-share", type=float, default=0.125,
                    help="share of adversarial raters (report the opposite verdict)")
-    p.add_argument("--tie-rate", type=float, default=0.05)
+    p.add_argument("--tie-rate", type=float, default=0.05, help="share of verdicts that are ties")
 
 
 def cmd_simulate(args) -> int:
@@ -183,7 +185,7 @@ def cmd_serve(args) -> int:
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="simulate → ingest → report → train a small RM → serve → score")
     p.add_argument("--workdir", default="demo", help="folder for the demo's files")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the simulated data")
 
 
 def cmd_demo(args) -> int:
@@ -217,32 +219,52 @@ SERVER_HELP = ("work through this running `bradley serve`, which holds the store
                "BRADLEY_API_KEY); commands: " + ", ".join(SERVER_COMMANDS))
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """Every option's help ends with its default, unless there is none to show (None, a switch
+    that is off) or the help already says it.
+
+    >>> parser = argparse.ArgumentParser(prog="x", formatter_class=DefaultsShown)
+    >>> _ = parser.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    >>> "learning rate (default: 0.1)" in parser.format_help()
+    True
+    """
+
+    def _get_help_string(self, action) -> str:
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not action.option_strings or nothing or "default" in text.lower():
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bradley", formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        prog="bradley", formatter_class=DefaultsShown,
         description="Preference data and reward models: ingest comparisons, analyse them, train a "
                     "Bradley-Terry reward model or a policy, and serve scores over HTTP.")
     parser.add_argument("--db", default=os.environ.get("BRADLEY_DB", "bradley.duckdb"),
-                        help=DB_HELP)
+                        help=DB_HELP)  # shown with its default (DefaultsShown)
     parser.add_argument("--server", default=None, metavar="URL", help=SERVER_HELP)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add, _ in COMMANDS.values():
         add(sub)
-    for path, leaf in leaves(parser):
-        leaf.formatter_class = argparse.ArgumentDefaultsHelpFormatter
-        if " ".join(path) not in NO_STORE:
+    for path, leaf in leaves(parser, every=True):
+        leaf.formatter_class = DefaultsShown
+        if leaf.can_take_store_flags and " ".join(path) not in NO_STORE:
             add_store_flags(leaf, server=" ".join(path) in SERVER_COMMANDS)
     return parser
 
 
-def leaves(parser: argparse.ArgumentParser, path: tuple = ()):
-    """(command path, parser) of every command that takes no further subcommand."""
+def leaves(parser: argparse.ArgumentParser, path: tuple = (), every: bool = False):
+    """(command path, parser) of every command that takes no further subcommand (`every`: and of
+    those that do, marked `can_take_store_flags = False`)."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if not subs and path:
+    parser.can_take_store_flags = not subs
+    if path and (every or not subs):
         yield path, parser
     for action in subs:
         for name, sub in action.choices.items():
-            yield from leaves(sub, (*path, name))
+            yield from leaves(sub, (*path, name), every)
 
 
 def add_store_flags(parser: argparse.ArgumentParser, server: bool) -> None:

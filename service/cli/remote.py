@@ -64,7 +64,7 @@ def ingest(args) -> int:
     for path in args.files:
         try:
             fmt = file_format(path, args.format)
-            bad = problems(path, fmt)
+            bad, total = problems(path, fmt)
             if bad and args.on_error == "abort":
                 raise Refused(list(bad.values()))
         except Refused as exc:
@@ -73,7 +73,8 @@ def ingest(args) -> int:
             status = 1
             continue
         with server(args.server, path) as client:
-            print(send(client, path, ROUTES[fmt], rows(path, fmt, bad), args.on_error), flush=True)
+            print(send(client, path, ROUTES[fmt], rows(path, fmt, bad), args.on_error, total),
+                  flush=True)
     return status
 
 
@@ -115,11 +116,15 @@ def file_format(path: str, fmt: str) -> str:
     return fmt
 
 
-def problems(path: str, fmt: str) -> dict[int, str]:
-    """The first pass: row ordinal -> "FILE:LINE: field: problem" for every bad row (no row is
-    kept; a JSON array's rows can share a line)."""
-    return {r.row: f"{path}:{r.line}: {problem}" for r in records(path)
-            if (problem := r.problem or _problem(fmt, r.value, r.line))}
+def problems(path: str, fmt: str) -> tuple[dict[int, str], int]:
+    """The first pass: (row ordinal -> "FILE:LINE: field: problem" for every bad row, rows in all);
+    no row is kept, and a JSON array's rows can share a line."""
+    bad, total = {}, 0
+    for r in records(path):
+        total += 1
+        if problem := r.problem or _problem(fmt, r.value, r.line):
+            bad[r.row] = f"{path}:{r.line}: {problem}"
+    return bad, total
 
 
 def rows(path: str, fmt: str, bad: dict[int, str]):
@@ -144,13 +149,14 @@ def _as_pair(row: dict) -> dict:
     return {**row, "prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
-def send(client: ScoreClient, path: str, route: str, rows, on_error: str) -> str:
+def send(client: ScoreClient, path: str, route: str, rows, on_error: str,
+         total: int | None = None) -> str:
     """Post `rows` in uploads of at most UPLOAD_BYTES; a summary of what the server wrote (one
     line, then a `batch ID` line per upload). A connection lost half-way is an OSError that says
     how many uploads the server had acknowledged."""
     totals = {"rows_ok": 0, "rows_rejected": 0, "duplicate": 0}
     batches, sent = [], 0
-    bar = _bar(path)
+    bar = _bar(path, total)
     try:
         for upload in chunks(rows, UPLOAD_BYTES):
             for result in post(client, f"/{route}?on_error={on_error}", upload):
@@ -173,10 +179,11 @@ def send(client: ScoreClient, path: str, route: str, rows, on_error: str) -> str
     return "\n".join([summary, *(f"batch {b}" for b in batches)])
 
 
-def _bar(path: str):
+def _bar(path: str, total: int | None):
     from tqdm import tqdm
 
-    return tqdm(desc=f"sending {path}", unit="row", file=sys.stderr, disable=None, leave=False)
+    return tqdm(total=total, desc=f"sending {path}", unit="row", file=sys.stderr, disable=None,
+                leave=False)
 
 
 def post(client: ScoreClient, path: str, upload: list) -> list[dict]:

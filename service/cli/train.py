@@ -29,13 +29,14 @@ def add(sub) -> None:
     kinds = p.add_subparsers(dest="kind", required=True)
     rm = kinds.add_parser("rm", help="Bradley-Terry reward model")
     po = kinds.add_parser("po", help="preference optimization: dpo, ipo, kto, simpo, orpo")
-    po.add_argument("--loss", required=True, choices=LOSSES)
+    po.add_argument("--loss", required=True, choices=LOSSES, help="the objective")
     for q in (rm, po):
         _add_common(q)
     rm.add_argument("--soft-labels", action="store_true", help="train on vote shares p̂, not majorities")
     rm.add_argument("--margin", action="store_true", help="use judgment strength as a BT margin")
     rm.add_argument("--center", type=float, default=0.0, help="reward-centering coefficient λ")
-    po.add_argument("--beta", type=float, default=0.1)
+    po.add_argument("--beta", type=float, default=0.1, help="strength of the pull towards the "
+                    "reference policy (DPO, IPO, KTO) or reward scale (SimPO)")
     po.add_argument("--gamma", type=float, default=0.5, help="SimPO target margin")
     po.add_argument("--lambda", dest="lam", type=float, default=0.1, help="ORPO odds-ratio weight")
     po.add_argument("--label-smoothing", type=float, default=0.0,
@@ -50,23 +51,33 @@ def _add_common(q) -> None:
     q.add_argument("--out", default=None, help="output folder (default models/<id>)")
     q.add_argument("--overwrite", action="store_true",
                    help="replace the registered model in --out (its id is retired)")
-    q.add_argument("--snapshot", default=None)
-    q.add_argument("--raters", default=None)
+    q.add_argument("--snapshot", default=None,
+                   help="train on this snapshot's data again (default: a new snapshot of all now)")
+    q.add_argument("--raters", default=None, help="human | ai | a rater id prefix (default: all)")
     q.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
-    q.add_argument("--epochs", type=float, default=1.0)
-    q.add_argument("--steps", type=int, default=None, help="stop after N optimizer steps")
-    q.add_argument("--batch-size", type=int, default=8)
-    q.add_argument("--grad-accum", type=int, default=1)
-    q.add_argument("--lr", type=float, default=None)
-    q.add_argument("--max-length", type=int, default=512)
-    q.add_argument("--seed", type=int, default=0)
-    q.add_argument("--max-seconds", type=float, default=None, help="stop training after this long")
+    q.add_argument("--epochs", type=float, default=1.0, help="passes over the training pairs")
+    q.add_argument("--steps", type=int, default=None,
+                   help="stop after N optimizer steps (default: as many as --epochs take)")
+    q.add_argument("--batch-size", type=int, default=8, help="pairs per optimizer step")
+    q.add_argument("--grad-accum", type=int, default=1,
+                   help="batches whose gradients add up before each optimizer step")
+    q.add_argument("--lr", type=float, default=None,
+                   help="peak learning rate (default: 1e-3 for tiny; for a pretrained base 5e-5 "
+                        "for rm, 5e-6 for po, larger with --lora-rank)")
+    q.add_argument("--max-length", type=int, default=512,
+                   help="tokens per sequence; longer ones lose prompt tokens from the left (the "
+                        "run says how many pairs were cut)")
+    q.add_argument("--seed", type=int, default=0, help="seed of initialisation, split and order")
+    q.add_argument("--max-seconds", type=float, default=None,
+                   help="stop training after this long (default: no limit)")
     q.add_argument("--val-fraction", type=float, default=0.1,
                    help="share of prompts held out for validation (split by prompt hash)")
-    q.add_argument("--eval-every", type=int, default=None, help="optimizer steps between evals")
+    q.add_argument("--eval-every", type=int, default=None,
+                   help="optimizer steps between evals (default: 5 evaluations per run)")
     q.add_argument("--patience", type=int, default=3,
                    help="evaluations without a better validation loss before stopping early")
-    q.add_argument("--warmup-ratio", type=float, default=0.1)
+    q.add_argument("--warmup-ratio", type=float, default=0.1,
+                   help="share of the steps over which the learning rate rises to --lr")
     q.add_argument("--gradient-checkpointing", type=int, nargs="?", const=1, default=0, metavar="N",
                    help="recompute layer activations in the backward pass (every N-th layer; "
                         "default every layer): less memory, about one more forward per step")
@@ -224,6 +235,7 @@ def run(args) -> int:
     metrics = RUNS[args.kind](args, _snapshot_inputs(args, replaced))
     if metrics is not None:  # None on non-zero ranks under torchrun
         say_how_it_stopped(args, metrics)
+        say_what_was_cut(args, metrics)
         _register(args, metrics, replaced)
         print(json.dumps(metrics, default=str), flush=True)
     return 0
@@ -255,6 +267,18 @@ def say_how_it_stopped(args, metrics: dict) -> None:
         print(f"bradley train {args.kind}: " + template.format(
             steps=metrics.get("steps"), of=of, patience=args.patience, best=metrics.get("best_step")),
             file=sys.stderr, flush=True)
+
+
+def say_what_was_cut(args, metrics: dict) -> None:
+    """One stderr line when sequences were longer than --max-length (hh-rlhf's transcripts at 512
+    tokens: a fifth of the pairs), which training saw cut."""
+    cut = metrics.get("n_truncated", metrics.get("truncated")) or 0
+    total = metrics.get("n_pairs") or metrics.get("pairs") or metrics.get("completions") or 0
+    if cut:
+        unit = "completions" if args.kind == "po" and args.loss == "kto" else "pairs"
+        print(f"bradley train {args.kind}: {cut:,} of {total:,} {unit} were longer than --max-length "
+              f"{metrics.get('max_length', args.max_length)} tokens and were cut to fit (the "
+              "prompt's oldest tokens first); raise --max-length to keep them whole", file=sys.stderr, flush=True)
 
 
 def _register(args, metrics: dict, replaced: list[str]) -> None:
