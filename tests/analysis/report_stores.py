@@ -1,6 +1,7 @@
 """Stores whose reports are pinned in tests/analysis/fixtures/report_before/: simulated data with an
 AI judge asked in both orders and self-comparisons (the bootstrap runs), a simulated store above the
-bootstrap's budget, and the real MT-Bench and hh-rlhf files.
+bootstrap's budget, and the real MT-Bench and hh-rlhf files (written row for row, not ingested, so
+the stores stay what they are whatever ingest makes of repeated rows).
 
 The pinned reports were written by the in-memory report (one verdict table, all analyses on it) that
 the streamed report replaced, run on the verdict table in canonical order (prompt, then the item's
@@ -12,6 +13,7 @@ also in that order (run it only for a change meant to move them).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -19,22 +21,27 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from annotation.simulate import SimulationConfig, load_into
+from annotation.simulate import SimulationConfig, load_into, store_tables
 
 FIXTURES = Path(__file__).with_name("fixtures") / "report_before"
 
 
 def _second_batch(store) -> None:
     """The AI judge again, in the other order (a third of the time it picks the response shown
-    first whatever it is), and 40 self-comparisons: one batch written like an ingest's."""
+    first whatever it is), and 40 self-comparisons: one batch written like an ingest's. Rows are
+    taken in content order, so the batch does not depend on how judgment ids are made."""
     rng = np.random.default_rng(5)
-    table = store.judgments()
+    table = canonical_order(store.judgments())
     ai = table.filter(pa.compute.starts_with(table["rater"], "ai:"))
     winner = np.array(ai["winner"].to_pylist(), dtype=object)
     flip = {"a": "b", "b": "a", "tie": "tie"}
     biased = rng.random(len(winner)) < 1 / 3
     again = np.where(biased, "a", [flip[w] for w in winner])
-    same = table.slice(0, 40)
+    firsts = {}  # one self-comparison per (prompt, response, rater): each a judgment of its own
+    for k, key in enumerate(zip(*(table[c].to_pylist() for c in ("prompt_id", "response_a", "rater")),
+                                strict=True)):
+        firsts.setdefault(key, k)
+    same = table.take(sorted(firsts.values())[:40])
     judgments = pa.table({
         "id": [f"again-{k}" for k in range(ai.num_rows)] + [f"self-{k}" for k in range(40)],
         "prompt_id": ai["prompt_id"].to_pylist() + same["prompt_id"].to_pylist(),
@@ -57,16 +64,33 @@ def simulated_medium(store) -> None:
                                       raters_per_pair=2, raters=8, seed=7))
 
 
-def mtbench(store, shared_data: Path) -> None:
-    from annotation.ingest.batch import ingest_file
+def _write_rows(store, rows: list[dict], source: str) -> None:
+    """Judgment rows (prompt, response_a, response_b, winner, rater, model_a, model_b texts) as one
+    batch with an id per row, as annotation.simulate writes its own: the store holds every row,
+    whatever ingest makes of repeats."""
+    columns = {name: np.array([r.get(name) for r in rows], dtype=object)
+               for name in ("prompt", "response_a", "response_b", "winner", "rater", "model_a",
+                            "model_b")}
+    sha, tables = store_tables(columns, source=source)
+    store.write_batch(source, sha, len(rows), tables)
 
-    ingest_file(store, shared_data / "mtbench_human" / "mtbench_turn1_judgments.jsonl.gz")
+
+def mtbench(store, shared_data: Path) -> None:
+    path = shared_data / "mtbench_human" / "mtbench_turn1_judgments.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        _write_rows(store, [json.loads(line) for line in f], "mtbench")
 
 
 def hh_rlhf(store, shared_data: Path) -> None:
-    from annotation.ingest.batch import ingest_file
-
-    ingest_file(store, shared_data / "hh-rlhf" / "harmless-base-test.jsonl.gz", on_error="skip")
+    """hh-rlhf's test split: the shared transcript is the prompt, the chosen answer response a."""
+    rows = []
+    with gzip.open(shared_data / "hh-rlhf" / "harmless-base-test.jsonl.gz", "rt", encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            r = json.loads(line)
+            cut = r["chosen"].rfind("\n\nAssistant:")
+            rows.append({"prompt": r["chosen"][:cut], "response_a": r["chosen"][cut:],
+                         "response_b": r["rejected"][cut:], "winner": "a", "rater": f"human:crowd{n % 50}"})
+    _write_rows(store, rows, "hh-rlhf")
 
 
 # name -> (builder, needs shared data, raters filters reported)
