@@ -30,14 +30,12 @@ def analyze(store, snapshot_id: str, progress: bool = False, timings: dict | Non
     """n_judgments, n_prompts, n_raters, length_bias, agreement and cycles of one snapshot (None
     when it holds no verdict). `timings`, when given, receives the seconds of each phase."""
     timings = {} if timings is None else timings
-    bar = _progress_bar(progress)
-    with _timed(timings, "coding"):
-        codes = store.verdict_codes(snapshot_id)
-    with codes:
-        n_judgments, n_prompts = codes.counts()
-        out = None if n_judgments == 0 else _analyses(codes, n_judgments, n_prompts, bar, timings)
-    bar.close()
-    return out
+    with _progress_bar(progress) as bar:
+        with _timed(timings, "coding"):
+            codes = store.verdict_codes(snapshot_id)
+        with codes:
+            n_judgments, n_prompts = codes.counts()
+            return None if n_judgments == 0 else _analyses(codes, n_judgments, n_prompts, bar, timings)
 
 
 def _analyses(codes, n_judgments: int, n_prompts: int, bar, timings: dict) -> dict:
