@@ -31,7 +31,7 @@ def tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         pytest.fail(f"{name} not found: apt-get install prometheus (Debian's package carries "
-                    "prometheus and promtool; .ci/run installs it)")
+                    "prometheus and promtool; `make test` installs it, .ci/system-tools)")
     return found
 
 
