@@ -33,6 +33,8 @@ from rm.train.run import (
     run_planned,
 )
 
+# reference statistics in metrics.json (the files beside the weights hold all of them)
+HEADLINE_STATS = ("score_mean", "score_std", "length_correlation", "mahalanobis_p99", "covariance")
 TINY_LR, PRETRAINED_LR = 1e-3, 5e-5  # random init takes a larger step
 PRETRAINED_LORA_LR = 2e-4  # adapters start at zero and move a low-rank subspace: a larger step
 
@@ -73,9 +75,35 @@ def train_reward_model(config: RewardRunConfig, inputs: Inputs) -> dict | None:
 
     def work(plan, device, info):
         result, counts = _train(config, plan, device, info)
-        return publish(plan, _metrics(config, plan, result, counts, info)) if info.is_main else None
+        if not info.is_main:
+            return None
+        metrics = _metrics(config, plan, result, counts, info)
+        return publish(plan, {**metrics, "reference_stats": _reference_stats(config, plan, device)})
 
     return run_planned(config, inputs, make_plan, work)
+
+
+def _reference_stats(config: RewardRunConfig, plan: dict, device) -> dict | None:
+    """Rank 0: rm/model/reference_stats.py's statistics of the saved (best) model, written beside
+    it: hidden states of the training pairs' responses, scores and distances of the validation
+    pairs', split as training split them. Returns their headline numbers; None without
+    validation pairs."""
+    from rm.model.reference_stats import compute_reference_stats, write_reference_stats
+    from rm.model.reward_model import RewardModel
+    from rm.train.reward_data import row_prompt, split_of
+
+    sides: dict[str, list] = {"train": [], "val": []}
+    for i, row in enumerate(read_rows(plan["pairs"])):
+        prompt = row_prompt(row)
+        sides[split_of(str(row.get("prompt_id") or i), config.val_fraction)] += [
+            (prompt, row["chosen"]), (prompt, row["rejected"])]
+    if len(sides["val"]) < 2 or len(sides["train"]) < 2:
+        return None
+    model = RewardModel.load(plan["partial"], device=device)
+    stats = compute_reference_stats(model, sides["train"], sides["val"],
+                                    source=f"snapshot {plan['snapshot_id']}")
+    write_reference_stats(plan["partial"], stats)
+    return {k: v for k, v in stats.as_json().items() if k in HEADLINE_STATS}
 
 
 def _base_model(config: RewardRunConfig, plan: dict, rows: list[dict], info) -> str:
@@ -108,6 +136,7 @@ def _train(config: RewardRunConfig, plan: dict, device, info):
     pairs = data.tokenize_pairs(tokenizer, rows, max_length)
     train, val = data.split_pairs(pairs, config.val_fraction)
     net = RewardNet(hf_model, tokenizer.sep_token_id)
+    net.go_padding_free(device)  # CUDA: rows end to end, no padded token computed
     adapters = lora.add_adapters(hf_model, config.lora, lora.head_name(hf_model), config.train.seed) \
         if config.lora.enabled else None
     side = tokenizer.padding_side if net.is_decoder else "right"

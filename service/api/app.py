@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from service.api import errors as http
-from service.api import routes_data, routes_score, routes_store
+from service.api import routes_data, routes_score, routes_store, routes_watch
 from service.api.deps import ClientSlots, release_held
 from service.api.settings import Settings, load_settings
 from service.engine.runtime import Service
@@ -46,7 +46,8 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
     app = FastAPI(title="bradley", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
     app.state.anon_slots = ClientSlots(settings.anon_max_concurrent)
-    for router in (routes_score.router, routes_data.router, routes_store.router):
+    for router in (routes_score.router, routes_data.router, routes_store.router,
+                   routes_watch.router):
         # the routes themselves, not include_router: FastAPI 0.16x matches an included router's
         # routes through a wrapper, twice per request (~20 µs of each /score request, issue 20)
         app.router.routes.extend(router.routes)
@@ -94,9 +95,12 @@ class RouteMetrics:
 
 def serve_from_args(args) -> int:
     """`bradley serve`: settings from the environment, overridden by the command line."""
-    settings = load_settings(db=args.db, host=args.host, port=args.port, model=args.model,
-                             device=getattr(args, "device", None),
-                             read_only=True if args.read_only else None)
+    models = args.model if isinstance(args.model, list) else [args.model] if args.model else []
+    settings = load_settings(db=args.db, host=args.host, port=args.port,
+                             model=",".join(models) or None, device=getattr(args, "device", None),
+                             read_only=True if args.read_only else None,
+                             ensemble_aggregate=getattr(args, "aggregate", None),
+                             ensemble_uncertainty_weight=getattr(args, "uncertainty_weight", None))
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     if settings.host not in ("127.0.0.1", "localhost", "::1") and not settings.api_keys:
         log.warning("listening on %s without BRADLEY_API_KEYS: writes are disabled", settings.host)

@@ -11,7 +11,9 @@ from service.api.deps import JsonBody, Keyed, MetricsViewer, Scorer, Viewer
 from service.api.errors import FastJSON
 from service.api.payloads import parse_get_reward, parse_score
 from service.api.schemas import GetRewardBody, GetRewardReply, ScoreBody, ScoreReply, documented
+from service.engine.ensemble import ScoreOptions, parse_aggregation
 from service.engine.rewards import combine, group_fields, label_checks, parse_checks, parse_weights
+from service.engine.watch import run_of
 
 router = APIRouter()
 PUBLIC_MODEL_FIELDS = ("id", "kind", "base_model", "created_at", "active")  # no paths, no configs
@@ -25,19 +27,22 @@ def _service(request: Request):
 async def score(request: Request, caller: Scorer, value: JsonBody) -> Response:
     """Rewards of (prompt, response) items: the reward model's scores, batched with other requests,
     and where items carry ground truth the verifiers' (worker processes), combined by weight;
-    with `group_size`, GRPO's group fields."""
+    with `group_size`, GRPO's group fields. An ensemble answers its aggregate as `scores`, with
+    `members` and `disagreement`; `run` (or X-Bradley-Run) names the trainer's run for the watch."""
     svc = _service(request)
     limits = svc.limits_for(caller)
     req = parse_score(value, limits)
+    options = _options(svc, value, request)
     names = svc.verifiers.names()
     checks = parse_checks(value["items"], limits, names, svc.settings.default_verifier)
     weights = parse_weights(value.get("weights"), names)
     if any(checks) or weights is not None:
-        combined = await combine(svc, req.prompts, req.responses, checks, weights)
+        combined = await combine(svc, req.prompts, req.responses, checks, weights, options)
         out, correct = combined.reply(), combined.correct
     else:  # the reward model alone, as before verifiers existed
-        model_id, scores = await svc.score(req.prompts, req.responses)
-        out, correct = {"scores": scores, "model": model_id}, [None] * len(scores)
+        scored = await svc.score_detail(req.prompts, req.responses, options)
+        out = {"scores": scored.scores, "model": scored.model, **scored.reply_fields()}
+        correct = [None] * len(scored.scores)
     if req.group_size is not None:
         out.update(group_fields(svc, req, out["scores"], correct))
     return FastJSON(out)
@@ -52,19 +57,21 @@ async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONR
     svc = _service(request)
     limits = svc.limits_for(caller)
     req = parse_get_reward(value, limits)
+    options = _options(svc, value, request)
     names = svc.verifiers.names()
     checks = label_checks(value, len(req.queries), limits, names, svc.settings.default_verifier)
     if any(checks):
         splits = await svc.split_queries(req)
         combined = await combine(svc, [s.prompt for s in splits], [s.response for s in splits],
-                                 checks, None)
+                                 checks, None, options)
         model_id, rewards = combined.model, combined.rewards
         scores = [float(c) if c is not None else r for c, r in zip(combined.correct, rewards,
                                                                     strict=True)]
         check_logs = combined.item_logs()
     else:
-        model_id, rewards, splits = await svc.get_reward(req)
-        scores, check_logs = rewards, {}
+        scored, splits = await svc.get_reward(req, options)
+        model_id, rewards = scored.model, scored.scores
+        scores, check_logs = rewards, _member_logs(scored)
     # extra_logs: numbers per item (OpenRLHF averages each key); unsplit 1.0 = scored without prompt
     logs = {"response_chars": [float(len(s.response)) for s in splits],
             "unsplit": [float(s.how == "unsplit") for s in splits], **check_logs}
@@ -72,6 +79,19 @@ async def get_reward(request: Request, caller: Scorer, value: JsonBody) -> JSONR
         rewards, scores, logs = rewards[0], scores[0], {k: v[0] for k, v in logs.items()}
     return FastJSON({"rewards": rewards, "scores": scores, "extra_logs": logs},
                         headers={"X-Bradley-Model": model_id or ""})
+
+
+def _options(svc, value, request: Request) -> ScoreOptions:
+    """The request's run (body `run` or X-Bradley-Run) and ensemble aggregation."""
+    return ScoreOptions(run_of(value, request.headers), parse_aggregation(value, svc.aggregation))
+
+
+def _member_logs(scored) -> dict[str, list[float]]:
+    """An ensemble's /get_reward extra_logs: each member's standardised score and the disagreement."""
+    if scored.disagreement is None:
+        return {}
+    return {**{f"member_{k}": v.tolist() for k, v in scored.z.items()},
+            "disagreement": scored.disagreement}
 
 
 @router.get("/models")

@@ -12,7 +12,7 @@ once, at start-up, so a bad value stops the server with a message instead of fai
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -28,7 +28,20 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="BRADLEY_", extra="ignore", frozen=True)
 
     db: str = "bradley.duckdb"
-    model: str | None = None              # model id in the store, or a model folder
+    # model id in the store, or a model folder; several, comma-separated: an ensemble
+    # (service/engine/ensemble.py), its members standardised by their reference statistics
+    model: str | None = None
+    # how an ensemble combines its members per item: mean, min (worst case) or uwo (mean - λ·std,
+    # λ = BRADLEY_ENSEMBLE_UNCERTAINTY_WEIGHT); a /score request may choose its own
+    ensemble_aggregate: Literal["mean", "min", "uwo"] = "mean"
+    ensemble_uncertainty_weight: float = Field(1.0, ge=0)
+    # the reward-hacking watch (service/engine/watch.py): auto watches models that have reference
+    # statistics, on refuses a model without them, off turns it off
+    watch: Literal["auto", "on", "off"] = "auto"
+    watch_window: int = Field(1024, ge=10, le=1_000_000)  # items per (model, run) window
+    watch_max_runs: int = Field(8, ge=1, le=1000)  # run names per model; the rest count as `other`
+    watch_history_interval_s: float = Field(10.0, gt=0)  # GET /watch history: one summary per this
+    watch_history_len: int = Field(360, ge=1, le=100_000)  # summaries kept per (model, run)
     device: str = "auto"
     torch_threads: int | None = Field(None, ge=1)  # forward threads (default: every usable core)
     host: str = "127.0.0.1"

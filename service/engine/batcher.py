@@ -41,7 +41,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-Scorer = Callable[[list[list[int]]], Sequence[float]]
+Scorer = Callable[[list[list[int]]], Sequence]  # a result per row: its score (or a tuple of them)
 
 
 class BatcherError(ValueError):
@@ -261,7 +261,7 @@ class Batcher:
             self.on_forward(len(batch), sum(map(len, batch)), max(map(len, batch)) * len(batch),
                             seconds)
         for (job, k), score in zip(pending, scores, strict=True):
-            job.scores[k] = float(score)
+            job.scores[k] = score  # a float, or an ensemble lane's tuple (service/engine/ensemble.py)
 
     def _finish(self, rows: list[Row]) -> None:
         finished = {}

@@ -307,15 +307,17 @@ def assemble(checks: list[CheckSpec | None], per_item: list[tuple[float, float]]
 
 
 async def combine(svc, prompts: list, responses: list[str], checks: list[CheckSpec | None],
-                  weights: dict[str, float] | None) -> Combined:
-    """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently."""
+                  weights: dict[str, float] | None, options=None) -> Combined:
+    """Run the verifiers (worker processes) and, where needed, the RM (batcher) concurrently.
+    `options`: the RM's service/engine/ensemble.ScoreOptions (run, aggregation)."""
     per_item, wants_rm = weigh({**svc.reward_weights, **(weights or {})}, checks,
                                svc.current is not None)
     calls = [(c.verifier, r, c.ground_truth, c.options)
              for c, r in zip(checks, responses, strict=True) if c is not None]
     verify_task = svc.verifiers.averify(calls) if calls else _nothing()
     if wants_rm:
-        (model, rm), results = await asyncio.gather(svc.score(prompts, responses), verify_task)
+        (model, rm), results = await asyncio.gather(svc.score(prompts, responses, options),
+                                                    verify_task)
     else:  # verifier-only: no second task to schedule
         (model, rm), results = (None, None), await verify_task
     it = iter(results)

@@ -1,5 +1,6 @@
-"""What one running server holds: settings, the store (the single DuckDB writer), the served model,
-the batcher and the metrics, with the operations the routes call.
+"""What one running server holds: settings, the store (the single DuckDB writer), the served model
+(or ensemble: service/engine/ensemble.py), the batcher, the metrics and the watch
+(service/engine/watch.py), with the operations the routes call.
 
 Concurrency: the event loop serves HTTP; one batcher thread runs every model forward; one store
 thread runs every DuckDB statement (DuckDB allows one writer, and one connection must not be used by
@@ -26,8 +27,10 @@ from service.api.settings import Settings, plugins_setting
 from service.engine.advantages import PassRates
 from service.engine.batcher import Batcher
 from service.engine.encoder import EncodeQueue
+from service.engine.ensemble import Aggregation, Member, Scored, ScoreOptions, assemble, plan_lanes
 from service.engine.registry import check_row
 from service.engine.rewards import weights_setting
+from service.engine.watch import Watch
 
 log = logging.getLogger("bradley.service")
 UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
@@ -76,13 +79,21 @@ class RowsRefused(ValueError):
 
 @dataclass(frozen=True)
 class LoadedModel:
+    """What /score serves: one model, or an ensemble (`id` joins its members' ids with +)."""
+
     id: str
     path: str
     rm: object  # rm.model.reward_model.RewardModel (imported lazily: it pulls in torch); it tokenizes
+    lanes: tuple = ()  # ensemble.Lane: none for one unwatched model, scored by `scorer` alone
+    unwatched: str | None = None  # why the watch does not measure it (None: it does)
 
     @property
     def scorer(self) -> Callable[[list[list[int]]], list[float]]:
         return self.rm.score_encoded
+
+    @property
+    def members(self) -> list[Member]:
+        return [m for lane in self.lanes for m in lane.members]
 
 
 class Service:
@@ -110,6 +121,12 @@ class Service:
                                       plugins_setting(settings.verifier_plugins),
                                       on_status=self.metrics.on_check)
         self.reward_weights = weights_setting(settings.reward_weights)
+        self.aggregation = Aggregation(settings.ensemble_aggregate,
+                                       settings.ensemble_uncertainty_weight)
+        self.watch = None if settings.watch == "off" else Watch(
+            self.metrics.registry, settings.watch_window, settings.watch_max_runs,
+            history_interval_s=settings.watch_history_interval_s,
+            history_len=settings.watch_history_len)
         self.pass_rates = PassRates()
         self.store = None
         self.current: LoadedModel | None = None
@@ -128,6 +145,8 @@ class Service:
         if self.settings.model:
             self._install(self._load(self.settings.model))
         self.batcher.start()
+        if self.watch is not None:
+            self.watch.start()
         self._started = True
         return self
 
@@ -138,6 +157,8 @@ class Service:
         if not drained:
             log.warning("scoring queue not drained within %.0f s", self.settings.drain_timeout_s)
         self.verifiers.close()
+        if self.watch is not None:
+            self.watch.close()
         self._store_thread.shutdown(wait=True)
         for encoder in self._encoders.values():
             encoder.shutdown(wait=True)
@@ -149,13 +170,25 @@ class Service:
     # -- models ----------------------------------------------------------------------------------
 
     def _load(self, ref: str) -> LoadedModel:
+        """One model, or an ensemble of the comma-separated ids or folders in `ref`."""
+        members = [self._load_member(part.strip()) for part in ref.split(",") if part.strip()]
+        if not members:
+            raise NotFound(f"model {ref!r} names no model; pass an id or a folder")
+        lanes, unwatched = plan_lanes(members, self.settings.watch)
+        first = members[0]
+        model_id = "+".join(m.id for m in members)
+        path = first.path if len(members) == 1 else ",".join(m.path for m in members)
+        return LoadedModel(model_id, path, first.rm, lanes, unwatched)
+
+    def _load_member(self, ref: str) -> Member:
+        from rm.model.reference_stats import read_reference_stats
         from rm.model.reward_model import RewardModel
 
         model_id, path = self._resolve(ref)
         rm = RewardModel.load(path, device=self.settings.device)
         _set_threads(self.settings.torch_threads, rm.device.type)
         model_id = model_id or rm.model_id or Path(path).name
-        return LoadedModel(model_id, str(path), rm)
+        return Member(model_id, str(path), rm, read_reference_stats(path))
 
     def _resolve(self, ref: str) -> tuple[str | None, str]:
         """(store id or None for a bare folder, folder)."""
@@ -176,6 +209,9 @@ class Service:
         self.batcher.max_batch_tokens = tokens or AUTO_BATCH_TOKENS.get(device, 65536)
         self.current = loaded  # one reference swap: requests already tokenized keep the old model
         self.metrics.on_model(loaded.id, loaded.rm.prompts)
+        if self.watch is not None:
+            watched = None if loaded.unwatched else {m.id: m.stats for m in loaded.members}
+            self.watch.install(watched, loaded.unwatched)
         log.info("serving model %s from %s", loaded.id, loaded.path)
 
     async def load_model(self, ref: str) -> LoadedModel:
@@ -202,30 +238,50 @@ class Service:
         """The request limits of a caller (`service.api.deps.Caller`): a budget without a key."""
         return self.limits if caller.keyed else self.anon_limits
 
-    async def score(self, prompts: list, responses: list[str]) -> tuple[str, list[float]]:
+    async def score(self, prompts: list, responses: list[str],
+                    options: ScoreOptions | None = None) -> tuple[str, list[float]]:
+        scored = await self.score_detail(prompts, responses, options)
+        return scored.model, scored.scores
+
+    async def score_detail(self, prompts: list, responses: list[str],
+                           options: ScoreOptions | None = None) -> Scored:
+        """Scores of the served model, or an ensemble's aggregate with its members' (each lane of
+        members tokenizes once, concurrently); what the watch measures is handed to it."""
         loaded = self.current
         if loaded is None:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
-        if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:  # tokenized, then scored
-            scores = await self._batched_encoder.encode(
-                loaded.rm, prompts, responses, then=partial(self.batcher.submit, loaded.scorer))
+        options = options or ScoreOptions()
+        if not loaded.lanes:
+            scored = Scored(loaded.id, await self._encode_and_score(
+                loaded.rm, loaded.scorer, prompts, responses))
         else:
-            ids = await asyncio.get_running_loop().run_in_executor(
-                self._encoders["large"], loaded.rm.encode, prompts, responses)
-            scores = await self.batcher.score(loaded.scorer, ids)
-        self.metrics.on_scores(loaded.id, responses, scores)
-        return loaded.id, scores
+            rows = await asyncio.gather(*(self._encode_and_score(lane.rm, lane.scorer, prompts,
+                                                                 responses) for lane in loaded.lanes))
+            scored = assemble(loaded.id, loaded.lanes, rows, options.aggregation or self.aggregation)
+            if self.watch is not None and not loaded.unwatched:
+                self.watch.record(options.run, responses, scored)
+        self.metrics.on_scores(loaded.id, responses, scored.scores)
+        return scored
 
-    async def get_reward(self, req) -> tuple[str, list[float], list]:
+    async def _encode_and_score(self, rm, scorer, prompts: list, responses: list[str]) -> list:
+        if text_chars(prompts, responses) <= SMALL_REQUEST_CHARS:  # tokenized, then scored
+            return await self._batched_encoder.encode(
+                rm, prompts, responses, then=partial(self.batcher.submit, scorer))
+        ids = await asyncio.get_running_loop().run_in_executor(
+            self._encoders["large"], rm.encode, prompts, responses)
+        return await self.batcher.score(scorer, ids)
+
+    async def get_reward(self, req, options: ScoreOptions | None = None) -> tuple[Scored, list]:
         """OpenRLHF's queries split by the served model's template (rm/model/template.py: split_query) and
-        scored like /score; returns (model id, scores, the Split of each query). A query that cannot
-        be split honestly is counted, and refused (422 naming it) under BRADLEY_STRICT_GET_REWARD=1."""
-        loaded = self.current
-        if loaded is None:
+        scored like /score; returns (Scored, the Split of each query). A query that cannot
+        be split honestly is counted, and refused (422 naming it) under BRADLEY_STRICT_GET_REWARD=1.
+        An ensemble splits by its first member's template."""
+        if self.current is None:
             raise NotReady("no model is loaded; start with --model or POST /models/{id}/load")
         splits = await self.split_queries(req)
-        _, scores = await self.score([s.prompt for s in splits], [s.response for s in splits])
-        return loaded.id, scores, splits
+        scored = await self.score_detail([s.prompt for s in splits], [s.response for s in splits],
+                                         options)
+        return scored, splits
 
     async def split_queries(self, req) -> list:
         """Each query as (prompt, response): by the served model's template when a model is loaded;
