@@ -4,7 +4,7 @@
   `kubernetes-validate` (offline, strict: an unknown or misspelt field fails), at the oldest and
   newest supported versions of the range we claim.
 - Every bradley command line in compose.yaml and the manifests (a container of the bradley image:
-  its ENTRYPOINT is `bradley`; under `torchrun -m service.cli.main`, the arguments after the module) is
+  its ENTRYPOINT is `bradley`; under `torchrun -m service.cli`, the arguments after the module) is
   accepted by the real argument parser, and `bradley <command> --help` lists each flag it uses.
   torchrun's own flags go through torchrun's parser.
 - Every port agrees: the one `bradley serve` listens on (--port, else BRADLEY_PORT from the
@@ -67,7 +67,7 @@ def dockerfile_env() -> dict[str, str]:
 
 
 def bradley_argv(container: dict) -> list[str]:
-    """The bradley arguments a container runs (ENTRYPOINT bradley, or torchrun -m service.cli.main)."""
+    """The bradley arguments a container runs (ENTRYPOINT bradley, or torchrun -m service.cli)."""
     command, args = container.get("command"), [str(a) for a in container.get("args", [])]
     if not command:
         return args
@@ -75,8 +75,8 @@ def bradley_argv(container: dict) -> list[str]:
     from torch.distributed.run import get_args_parser
 
     parsed = _parse(get_args_parser(), args, "torchrun")
-    assert parsed.module and parsed.training_script == "service.cli.main", \
-        "torchrun must launch `-m service.cli.main` (the bradley CLI)"
+    assert parsed.module and parsed.training_script == "service.cli", \
+        "torchrun must launch `-m service.cli` (the bradley CLI)"
     return list(parsed.training_script_args)
 
 
