@@ -10,7 +10,9 @@
 - `jsonl` / `parquet`: one row per judgment with the columns ingest reads back (`id, prompt, messages,
   response_a, response_b, winner, strength, rater, source, created_at, rationale, model_a, model_b,
   metadata`), so exporting and ingesting into an empty store gives the same prompts, responses and
-  judgments, and ingesting the export into the store it came from adds nothing.
+  judgments (the same ids), and ingesting the export into the store it came from adds nothing. `id`
+  is the id the row brought when it brought one (it is part of the judgment's identity), else the
+  store's content id (which ingest recognises as the row's own content, not an id of its own).
 - `hf`: a `datasets.DatasetDict` saved with `save_to_disk`: split `judgments` (as above) and, when the
   store has any, split `feedback` (KTO rows: id, prompt, messages, completion, label, rater).
 
@@ -60,7 +62,9 @@ def export(store, fmt: str, out, snapshot_id: str | None = None, raters: str | N
 def judgment_table(store, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
     """Judgments in the export columns, in ingest order."""
     table = store.judgments(snapshot_id, raters)
-    return pa.table({name: _plain(table.column(src)) for name, src in JUDGMENT_COLUMNS.items()})
+    columns = {name: _plain(table.column(src)) for name, src in JUDGMENT_COLUMNS.items()}
+    columns["id"] = pc.coalesce(table.column("given_id"), columns["id"])
+    return pa.table(columns)
 
 
 def trl_rows(pairs: pa.Table, shape: str = "auto") -> list[dict]:
@@ -125,6 +129,8 @@ def _export_hf(store, out: Path, snapshot_id, raters, **_) -> dict:
     if feedback.num_rows:
         splits["feedback"] = pa.table({name: _plain(feedback.column(name)) for name in
                                        ("id", "prompt", "messages", "completion", "label", "rater")})
+        splits["feedback"] = splits["feedback"].set_column(
+            0, "id", pc.coalesce(feedback.column("given_id"), feedback.column("id")))
     data = datasets.DatasetDict({name: datasets.Dataset(table) for name, table in splits.items()})
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))

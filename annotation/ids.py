@@ -3,8 +3,11 @@
 `content_id(*parts)` is the first 24 hex characters of sha256 over the parts joined by the unit
 separator 0x1f; in SQL (set-based ingest) the same value is
 `left(sha256(concat_ws(chr(31), part1, part2, ...)), 24)`. A prompt's id hashes its text, or the
-canonical JSON of its messages; a response's id hashes its prompt's id and its text. Ingest hashes
-a column at a time (`with_ids`, `keyed_ids`).
+canonical JSON of its messages; a response's id hashes its prompt's key and its text; a judgment's
+id hashes what the judgment is (`judgment_content`: rater, the responses in their shown order, verdict,
+strength, time, the models that wrote the responses) and the row's own id where it brought one, so the same judgment by any route (a
+file, its .gz, HTTP, a dataset, an export read back) is one row, and a rater's deliberate repeat is
+kept when its row says so (an id or a time of its own). Ingest hashes a column at a time (`with_ids`).
 
     >>> prompt_id("What is 2+2?") == content_id("What is 2+2?")
     True
@@ -58,17 +61,20 @@ STAGED_RESPONSES = {"judgments": {"rid_a": "response_a", "rid_b": "response_b"},
                     "feedback": {"rid": "completion"}}
 
 
-def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
+def with_ids(kind: str, staged: pa.Table) -> pa.Table:
     """Staged rows plus their content ids (content_id): pid over the prompt key (text, or the
-    canonical messages JSON), rid_a/rid_b (or rid) over (prompt key, text), and jid: the row's own id,
-    else (batch sha256, row number); with `sha256=None` only the rows' own ids, for
-    fill_judgment_ids to complete once the sha256 is known. Runs without DuckDB, so a reader thread
-    hashes while it writes.
+    canonical messages JSON), rid_a/rid_b (or rid) over (prompt key, text), jid over the row's
+    content (judgment_ids, feedback_ids) and given_id, the row's own id where it is part of jid.
+    Runs without DuckDB, so a reader thread hashes while it writes.
 
     >>> from annotation.ingest.formats import JUDGMENT_SCHEMA
-    >>> t = pa.Table.from_pylist([{"row": 1, "prompt": "p", "response_a": "x", "response_b": "y"}],
-    ...                          schema=JUDGMENT_SCHEMA)
-    >>> with_ids("judgments", t, "s").column("rid_a")[0].as_py() == content_id("p", "x")
+    >>> t = pa.Table.from_pylist([{"row": 1, "prompt": "p", "response_a": "x", "response_b": "y",
+    ...                            "winner": "a", "rater": "human:r"}], schema=JUDGMENT_SCHEMA)
+    >>> staged = with_ids("judgments", t)
+    >>> staged.column("rid_a")[0].as_py() == content_id("p", "x")
+    True
+    >>> staged.column("jid")[0].as_py() == content_id("human:r", content_id("p", "x"),
+    ...                                                content_id("p", "y"), "a", "", "", "", "", "")
     True
     """
     keys = pc.coalesce(staged.column("messages"), staged.column("prompt")).combine_chunks()
@@ -77,28 +83,101 @@ def with_ids(kind: str, staged: pa.Table, sha256: str) -> pa.Table:
     ids = {"pid": pids.take(keys.indices)}
     for name, column in STAGED_RESPONSES[kind].items():
         ids[name] = keyed_ids(keys.dictionary, keys.indices, staged.column(column))
-    ids["jid"] = staged.column("id")
+    content = CONTENT[kind]({**{n: staged.column(n) for n in staged.column_names}, **ids})
+    ids["jid"], ids["given_id"] = row_ids(content, staged.column("id"))
     for name, values in ids.items():
         staged = staged.append_column(name, values)
-    return staged if sha256 is None else fill_judgment_ids(staged, sha256)
+    return staged
 
 
-def fill_judgment_ids(staged: pa.Table, sha256: str) -> pa.Table:
-    """jid where a row has none yet (it brought no id of its own, and none was generated before):
-    content_id(batch sha256, row number).
+def judgment_content(columns: dict) -> list:
+    """What a judgment is, in the order its id hashes it: rater, the two responses as shown (their
+    ids carry the prompt and the texts), the verdict, its strength, its time, and the models that
+    wrote the two responses where the row names them (two models can write the same text, and a
+    judge that compared both pairs cast two votes). The same in SQL is schema.sql's `judgment_id`,
+    which the store's migration uses."""
+    model_a, model_b = vote_models(columns["metadata"])
+    return [columns["rater"], columns["rid_a"], columns["rid_b"], columns["winner"],
+            strength_texts(columns["strength"]), time_texts(columns["created_at"]), model_a, model_b]
 
-    >>> t = pa.table({"row": [1, 2], "jid": ["own", None]})
-    >>> fill_judgment_ids(t, "s").column("jid").to_pylist() == ["own", content_id("s", "2")]
+
+def vote_models(metadata) -> tuple[pa.Array, pa.Array]:
+    """The text values of model_a and model_b in each row's metadata JSON (ingest keeps a row's
+    model columns there, and an export's metadata brings them back), null where absent.
+
+    >>> [m.to_pylist() for m in vote_models(pa.array(['{"model_a":"x","model_b":7}', None, '{}']))]
+    [['x', None, None], [None, None, None]]
+    """
+    metadata = _plain_strings(metadata)
+    named = pc.fill_null(pc.match_substring(metadata, '"model_'), False)
+    if not pc.any(named).as_py():
+        return pa.nulls(len(metadata), pa.string()), pa.nulls(len(metadata), pa.string())
+    values = [json.loads(m) if m is not None else {} for m in metadata.filter(named).to_pylist()]
+    out = []
+    for key in ("model_a", "model_b"):
+        found = pa.array([v.get(key) if isinstance(v.get(key), str) else None for v in values], pa.string())
+        out.append(pc.replace_with_mask(pa.nulls(len(metadata), pa.string()), named, found))
+    return out[0], out[1]
+
+
+def feedback_content(columns: dict) -> list:
+    """What a feedback row is: rater, the response (its id carries the prompt) and the label."""
+    return [columns["rater"], columns["rid"], pc.cast(columns["label"], pa.string())]
+
+
+CONTENT = {"judgments": judgment_content, "feedback": feedback_content}
+
+
+def row_ids(content: list, given) -> tuple[pa.Array, pa.Array]:
+    """(ids, given ids): content_id(*content, given id) per row, where a row's own id is part of
+    its identity unless it is that row's id without one (an export of a row that came without an
+    id carries its content id). Nulls hash as empty text.
+
+    >>> ids, given = row_ids([pa.array(["a", "a"])], pa.array([None, "k"]))
+    >>> ids.to_pylist() == [content_id("a", ""), content_id("a", "k")], given.to_pylist()
+    (True, [None, 'k'])
+    >>> row_ids([pa.array(["a"])], pa.array([content_id("a", "")]))[1].to_pylist()
+    [None]
+    """
+    given = _plain_strings(given)
+    empty = pa.nulls(len(given), pa.string())
+    ids = joined_ids([*content, empty])
+    keyed = pc.fill_null(pc.not_equal(given, ids), False)
+    if not pc.any(keyed).as_py():
+        return ids, empty
+    given = pc.if_else(keyed, given, empty)
+    rows = [_plain_strings(c).filter(keyed) for c in content]
+    return pc.replace_with_mask(ids, keyed, joined_ids([*rows, given.filter(keyed)])), given
+
+
+def joined_ids(columns: list) -> pa.Array:
+    """content_id(*parts) of each row's parts (nulls as empty text).
+
+    >>> ids = joined_ids([pa.array(["a", None]), pa.array(["b", "c"])])
+    >>> ids.to_pylist() == [content_id("a", "b"), content_id("", "c")]
     True
     """
-    jids = _plain_strings(staged.column("jid"))
-    if not jids.null_count:
-        return staged
-    missing = jids.is_null()
-    rows = pc.cast(staged.column("row").filter(missing), pa.string())
-    generated = keyed_ids(pa.array([sha256]), pa.array(np.zeros(len(rows), np.int32)), rows)
-    index = staged.schema.get_field_index("jid")
-    return staged.set_column(index, "jid", pc.replace_with_mask(jids, missing, generated))
+    joined = pc.binary_join_element_wise(*[_plain_strings(c) for c in columns], ID_SEPARATOR,
+                                         null_handling="replace", null_replacement="")
+    digests = b"".join(map(_SHA256.digest, map(hashlib.sha256, joined.cast(pa.binary()).to_pylist())))
+    return _hex_prefixes(digests, len(joined))
+
+
+def strength_texts(column) -> pa.Array:
+    """A strength as hashed: printf's %.17g (DuckDB's printf gives the same text), null when none.
+
+    >>> strength_texts(pa.array([1.0, None, 0.1])).to_pylist()
+    ['1', None, '0.10000000000000001']
+    """
+    column = _plain(column)
+    if column.null_count == len(column):
+        return pa.nulls(len(column), pa.string())
+    return pa.array([None if x is None else f"{x:.17g}" for x in column.to_pylist()], pa.string())
+
+
+def time_texts(column) -> pa.Array:
+    """A time as hashed: microseconds since the epoch (DuckDB: epoch_us), null when none."""
+    return pc.cast(pc.cast(_plain(column), pa.timestamp("us")).cast(pa.int64()), pa.string())
 
 
 def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
@@ -121,9 +200,12 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
     return _hex_prefixes(b"".join(map(_SHA256.digest, rows)), len(texts))
 
 
+def _plain(column) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
 def _plain_strings(column) -> pa.Array:
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    return column.cast(pa.string())
+    return _plain(column).cast(pa.string())
 
 
 def _hex_prefixes(digests: bytes, n: int) -> pa.Array:

@@ -1,14 +1,23 @@
--- bradley store, schema version 1. The only schema; store.py applies it and later migrations.
--- Ids are content-derived (see store.py: content_id), so the same text is one row however often it arrives.
+-- bradley store, schema version 2. The only schema; store.py applies it and later migrations
+-- (annotation/migrations.py).
+-- Ids are content-derived (annotation/ids.py), so the same text, or judgment, is one row however often
+-- and by whichever route it arrives.
 -- prompts, responses and judgments declare no PRIMARY KEY on purpose: keeping an ART index up to date
 -- cost four index inserts per ingested row and 4/5 of ingest time. Their ids are still unique; store.py
 -- keeps them so: a batch writes each new id once (ingest remembers the ids it has written) and then
--- removes the copies of ids that were in the store before it (Store.dedup_batch), in the same
+-- removes the copies of ids that were in the store before it (ingest/inserts.py), in the same
 -- transaction. Writes are serialized: DuckDB lets one process hold the file, and the server writes
 -- from one thread.
 
 CREATE TABLE IF NOT EXISTS schema_version (
     version INTEGER NOT NULL
+);
+
+-- What each migration of this store did, in a line (annotation/migrations.py).
+CREATE TABLE IF NOT EXISTS migrations (
+    version    INTEGER NOT NULL,
+    applied_at TIMESTAMP NOT NULL DEFAULT current_timestamp,
+    summary    VARCHAR NOT NULL
 );
 
 CREATE TABLE IF NOT EXISTS prompts (
@@ -46,9 +55,8 @@ CREATE TABLE IF NOT EXISTS rejects (
 
 -- One row per rater per comparison: the truth. Pairs are derived from it (view below).
 CREATE TABLE IF NOT EXISTS judgments (
-    id         VARCHAR NOT NULL,        -- unique: content_id(batch sha256, row number), new with every
-                                        -- batch since a sha256 is ingested once; or the row's own id
-                                        -- (an export), which dedup_batch checks against the store
+    id         VARCHAR NOT NULL,        -- unique: judgment_id(...) below, over what the judgment is,
+                                        -- so the same judgment by any route is one row
     prompt_id  VARCHAR NOT NULL,
     response_a VARCHAR NOT NULL,        -- response ids, in the order the rater saw them
     response_b VARCHAR NOT NULL,
@@ -59,19 +67,46 @@ CREATE TABLE IF NOT EXISTS judgments (
     batch_id   VARCHAR NOT NULL,
     created_at TIMESTAMP,
     rationale  VARCHAR,
-    metadata   JSON                     -- extra input columns, kept as they came
+    metadata   JSON,                    -- extra input columns, kept as they came
+    given_id   VARCHAR                  -- the row's own id as it came, where it is part of `id` (a
+                                        -- rater's deliberate repeat says so with an id); an export writes it back
     -- response_a = response_b is allowed: two models can write the same text and the vote is still
     -- real (MT-Bench has such ties). Pairs and verdict arrays leave these self-comparisons out.
 );
 
 -- Unpaired thumbs up/down (KTO).
 CREATE TABLE IF NOT EXISTS feedback (
-    id          VARCHAR PRIMARY KEY,
+    id          VARCHAR PRIMARY KEY,   -- feedback_id(...) below
     prompt_id   VARCHAR NOT NULL,
     response_id VARCHAR NOT NULL,
     label       BOOLEAN NOT NULL,
     rater       VARCHAR NOT NULL,
-    batch_id    VARCHAR NOT NULL
+    batch_id    VARCHAR NOT NULL,
+    given_id    VARCHAR                -- as in judgments
+);
+
+-- A judgment's id: content_id over what it is, as ids.judgment_content lists it (rater, the response
+-- ids in the order shown, which carry the prompt and texts; verdict; strength as printf %.17g; time as
+-- epoch microseconds; the text model_a and model_b of its metadata; the row's own id), nulls as empty
+-- text. Ingest computes the same in Python (ids.with_ids); the migration to content ids
+-- (annotation/migrations.py) uses these.
+CREATE OR REPLACE MACRO vote_model(metadata, path) AS
+    CASE WHEN json_type(metadata, path) = 'VARCHAR' THEN json_extract_string(metadata, path) END;
+CREATE OR REPLACE MACRO judgment_id(rater, response_a, response_b, winner, strength, created_at, metadata,
+                                    given_id) AS
+    left(sha256(concat_ws(chr(31), rater, response_a, response_b, winner,
+                          coalesce(printf('%.17g', strength), ''),
+                          coalesce(CAST(epoch_us(created_at) AS VARCHAR), ''),
+                          coalesce(vote_model(metadata, '$.model_a'), ''),
+                          coalesce(vote_model(metadata, '$.model_b'), ''), coalesce(given_id, ''))), 24);
+CREATE OR REPLACE MACRO feedback_id(rater, response_id, label, given_id) AS
+    left(sha256(concat_ws(chr(31), rater, response_id, CAST(label AS VARCHAR), coalesce(given_id, ''))), 24);
+
+-- Judgment and feedback ids of stores made before content ids, and what they became: an export
+-- written then carries them, and ingesting it again must add nothing.
+CREATE TABLE IF NOT EXISTS former_ids (
+    former_id VARCHAR NOT NULL,
+    id        VARCHAR NOT NULL
 );
 
 -- What a training or report run read: a rater filter plus "every batch with seq <= max_batch_seq".

@@ -308,7 +308,8 @@ def simulate(out: str | Path, config: SimulationConfig) -> dict:
 
 def store_tables(columns: dict, source: str = "simulate") -> tuple[str, dict[str, pa.Table]]:
     """The simulated columns as the store's prompts/responses/judgments tables (ids as ingest derives
-    them), with a content sha256 for the batch: lets tests and benchmarks load a store without ingest."""
+    them; judgment ids per row of the batch, where ingest hashes what each judgment is), with a
+    content sha256 for the batch: lets tests and benchmarks load a store without ingest."""
     prompts = columns["prompt"]
     unique_prompts = dict.fromkeys(prompts)
     pid = {text: prompt_id(text) for text in unique_prompts}

@@ -5,12 +5,13 @@ Nothing outside this module, annotation/ingest/inserts.py (an ingest batch's bul
 
     >>> store = Store(":memory:")
     >>> store.schema_version()
-    1
+    2
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -22,13 +23,13 @@ import duckdb
 import pyarrow as pa
 
 from annotation.ids import canonical_json
+from annotation.migrations import MIGRATIONS
 from annotation.snapshots import RATER_KINDS, SnapshotQueries, rater_prefix  # noqa: F401 (re-exported)
 from annotation.store_errors import StoreError, StoreLockedError, locked_by  # noqa: F401 (callers import the errors from here too)
 
 SCHEMA_PATH = Path(__file__).with_name("schema.sql")
-SCHEMA_VERSION = 1
-# version -> SQL that upgrades a store from version-1 to version. Append here; never edit a shipped entry.
-MIGRATIONS: dict[int, str] = {}
+SCHEMA_VERSION = 2
+log = logging.getLogger("bradley.store")
 
 TABLES = ("prompts", "responses", "judgments", "feedback", "batches", "rejects",
           "snapshots", "models", "ref_logps")
@@ -51,12 +52,15 @@ class Store(SnapshotQueries):
 
     def __init__(self, path: str | Path = "bradley.duckdb", read_only: bool = False):
         self.path = str(path)
-        try:
-            self.con = duckdb.connect(self.path, read_only=read_only)
-        except duckdb.IOException as exc:
-            raise _translate_io_error(self.path, exc) from None
+        self.migrated: list[str] = []  # what opening this store upgraded, a line per version
+        self.con = _connect(self.path, read_only)
         if not read_only:
             self._migrate()
+        elif (self._stored_version() or SCHEMA_VERSION) < SCHEMA_VERSION:  # an old store read first: upgrade it
+            self.con.close()
+            with Store(self.path) as upgraded:
+                self.migrated = upgraded.migrated
+            self.con = _connect(self.path, read_only)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -97,9 +101,10 @@ class Store(SnapshotQueries):
             self.con.execute(f"SET memory_limit = '{previous}'")
 
     def _migrate(self) -> None:
+        """Apply schema.sql, then each upgrade from the store's version (annotation/migrations.py),
+        each in its own transaction, logging what it did (and keeping it in `migrations`)."""
         self.con.execute(SCHEMA_PATH.read_text())
-        row = self.con.execute("SELECT max(version) FROM schema_version").fetchone()
-        current = row[0]
+        current = self._stored_version()
         if current is None:
             self.con.execute("INSERT INTO schema_version VALUES (?)", [SCHEMA_VERSION])
             return
@@ -108,8 +113,18 @@ class Store(SnapshotQueries):
                              f"({SCHEMA_VERSION}); upgrade bradley")
         for version in range(current + 1, SCHEMA_VERSION + 1):
             with self.transaction():
-                self.con.execute(MIGRATIONS[version])
+                summary = f"{self.path}: upgraded to schema {version}: {MIGRATIONS[version](self.con)}"
+                self.con.execute("INSERT INTO migrations (version, summary) VALUES (?, ?)",
+                                 [version, summary])
                 self.con.execute("UPDATE schema_version SET version = ?", [version])
+            self.migrated.append(summary)
+            log.warning(summary)
+
+    def _stored_version(self) -> int | None:
+        try:
+            return self.con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
+        except duckdb.CatalogException:  # a new file opened read-only: no tables yet
+            return SCHEMA_VERSION
 
     def schema_version(self) -> int:
         return self.con.execute("SELECT max(version) FROM schema_version").fetchone()[0]
@@ -194,13 +209,14 @@ class Store(SnapshotQueries):
 
     def judgments(self, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
         """Every judgment with its texts: prompt_id, prompt, messages, response_a/b ids and texts,
-        winner, strength, rater, source, created_at, rationale, metadata, in ingest order."""
+        winner, strength, rater, source, created_at, rationale, metadata, given_id (the row's own
+        id, where it brought one), in ingest order."""
         return self._arrow("""
             SELECT j.id, j.prompt_id, p.text AS prompt, p.messages, j.response_a, j.response_b,
                    ra.text AS response_a_text, rb.text AS response_b_text,
                    ra.source_model AS model_a, rb.source_model AS model_b,
                    j.winner, j.strength, j.rater, j.source, j.batch_id, j.created_at, j.rationale,
-                   j.metadata
+                   j.metadata, j.given_id
             FROM judgments_in(?, ?) j
             JOIN prompts p ON p.id = j.prompt_id
             JOIN responses ra ON ra.id = j.response_a
@@ -238,11 +254,11 @@ class Store(SnapshotQueries):
 
     def feedback(self, snapshot_id: str | None = None, raters: str | None = None) -> pa.Table:
         """Unpaired feedback with texts: id, prompt_id, prompt, messages, response_id, completion,
-        label, rater."""
+        label, rater, given_id."""
         max_seq, prefix = self.snapshot_filter(snapshot_id, raters)
         return self._arrow("""
             SELECT f.id, f.prompt_id, p.text AS prompt, p.messages, f.response_id,
-                   r.text AS completion, f.label, f.rater
+                   r.text AS completion, f.label, f.rater, f.given_id
             FROM feedback f JOIN batches b ON b.id = f.batch_id
             JOIN prompts p ON p.id = f.prompt_id JOIN responses r ON r.id = f.response_id
             WHERE ($1 IS NULL OR b.seq <= $1) AND ($2 IS NULL OR starts_with(f.rater, $2))
@@ -360,6 +376,13 @@ def _model_row(row: dict) -> dict:
             row[key] = json.loads(row[key])
     row["created_at"] = str(row["created_at"])
     return row
+
+
+def _connect(path: str, read_only: bool) -> duckdb.DuckDBPyConnection:
+    try:
+        return duckdb.connect(path, read_only=read_only)
+    except duckdb.IOException as exc:
+        raise _translate_io_error(path, exc) from None
 
 
 def _translate_io_error(path: str, exc: Exception) -> StoreError:

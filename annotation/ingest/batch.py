@@ -7,11 +7,14 @@ the whole file as one INSERT per table: annotation.ingest.spool); anything else,
 vectorized checks find a problem, takes the precise path, which parses row by row and names every
 problem as `FILE:LINE: field: what is wrong`. Either way each prompt, response and judgment id is
 written once per batch (annotation.ingest.seen), and ids already in the store are dropped before the commit
-(bulk.drop_earlier_ids): the tables keep no index to check against (schema.sql says why).
+(bulk.drop_earlier_ids): the tables keep no index to check against (schema.sql says why). A judgment's
+id is its content's (annotation.ids), so a judgment that came before by another route (a file's .gz,
+HTTP, a dataset, an export) is counted as already in the store.
 
 `on_error="abort"` (default): a bad row writes nothing from that file and raises IngestError.
 `on_error="skip"`: good rows are committed, bad ones go to `rejects` with their reason and raw text.
-Re-ingesting content with the same sha256 is a no-op reported as `duplicate`.
+Re-ingesting content with the same sha256 is a no-op reported as `duplicate`; the same rows in
+another file or body write nothing and are counted as already in the store.
 
     >>> from annotation.store import Store
     >>> store = Store(":memory:")
@@ -33,7 +36,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from annotation.ids import canonical_json, fill_judgment_ids, with_ids
+from annotation.ids import canonical_json, with_ids
 from annotation.ingest import columnar, formats, spool
 from annotation.ingest import inserts as bulk
 from annotation.ingest.columnar import NeedsPrecise
@@ -242,7 +245,7 @@ class _Writer:
                 yield staged
 
         def complete(rest: pa.Table) -> tuple[pa.Table, str]:
-            return fill_judgment_ids(rest, self.sha.result()), self.batch().id
+            return rest, self.batch().id
 
         bulk.insert_stream(self.cur, kind, counted(), complete, spool.spool_root(self.store.path))
 
@@ -280,7 +283,7 @@ class _Writer:
             return
         for kind, rows in self.pending.items():
             if rows:
-                staged = with_ids(kind, _staged_table(kind, rows), self.sha.result())
+                staged = with_ids(kind, _staged_table(kind, rows))
                 bulk.insert(self.cur, kind, self.seen.flag(kind, staged), self.batch().id)
                 self._tick(len(rows))
         if self.rejects:
@@ -353,8 +356,7 @@ def _columnar_pass(writer: _Writer, parts: list[Part], known: set[str]) -> None:
 
 def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                      known: set[str]) -> Iterator[pa.Table]:
-    """Staged chunks with prompt and response ids, and judgment ids once the sha256 is known (the
-    chunks before wait for ids.fill_judgment_ids). Stops early when the sha256 is a known batch's."""
+    """Staged chunks with their content ids. Stops early when the sha256 is a known batch's."""
     offset = 0
     for part in parts:
         fmt = opts.fmt
@@ -364,7 +366,7 @@ def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,
                 if sha.done() and sha.result() in known:
                     raise _Duplicate
                 staged = columnar.stage(batch, fmt, offset, opts.source_model)
-                yield with_ids("judgments", staged, sha.result() if sha.done() else None)
+                yield with_ids("judgments", staged)
                 offset += batch.num_rows
         except (pa.ArrowException, NotImplementedError, OSError, UnicodeDecodeError, EOFError) as exc:
             raise NeedsPrecise from exc  # the precise path names the row, or the file, that is wrong

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from annotation.ingest.spool import Spool, spool_folder
 
-# Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid), computed by ids.with_ids
+# Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid; given_id), computed by ids.with_ids
 # in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
 # with flags (new_p, new_a, new_b, new_r, new_j) true where the id is the first of its kind in the batch.
 _STAGE_PROMPTS = "INSERT INTO prompts (id, text, messages) SELECT pid, prompt, messages FROM _bradley_stage WHERE new_p"
@@ -29,10 +29,11 @@ _STAGE_RESPONSES = {
 }
 _STAGE_ROWS = {
     "judgments": "INSERT INTO judgments (id, prompt_id, response_a, response_b, winner, strength, rater, "
-                 "source, batch_id, created_at, rationale, metadata) SELECT jid, pid, rid_a, rid_b, winner, "
-                 "strength, rater, source, $1, created_at, rationale, metadata FROM _bradley_stage WHERE new_j",
-    "feedback": "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id) "
-                "SELECT jid, pid, rid, label, rater, $1 FROM _bradley_stage WHERE new_j",
+                 "source, batch_id, created_at, rationale, metadata, given_id) SELECT jid, pid, rid_a, rid_b, "
+                 "winner, strength, rater, source, $1, created_at, rationale, metadata, given_id "
+                 "FROM _bradley_stage WHERE new_j",
+    "feedback": "INSERT OR IGNORE INTO feedback (id, prompt_id, response_id, label, rater, batch_id, given_id) "
+                "SELECT jid, pid, rid, label, rater, $1, given_id FROM _bradley_stage WHERE new_j",
 }
 _STAGE_INSERTS = {kind: [_STAGE_PROMPTS, _STAGE_RESPONSES[kind], _STAGE_ROWS[kind]] for kind in _STAGE_ROWS}
 # annotation.ingest.spool's stream of new responses (already in the responses table's column order)
@@ -47,8 +48,12 @@ _DEDUP = {  # _bradley_ids: the batch's prompt ids; then those that were in the 
         table="prompts", where="id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
     "responses": "DELETE FROM responses WHERE rowid IN (" + _LATER_COPIES.format(
         table="responses", where="prompt_id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
-    "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN "
-                 "(SELECT id FROM judgments WHERE batch_id <> $1)",
+    # the batch's judgments that were in the store before it: joined, so DuckDB hashes the smaller side
+    "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN (SELECT o.id FROM judgments o "
+                 "JOIN (SELECT id FROM judgments WHERE batch_id = $1) n ON n.id = o.id WHERE o.batch_id <> $1)",
+    # rows of an export written before content ids, whose ids the store's upgrade renamed
+    "former": "DELETE FROM judgments WHERE batch_id = $1 AND given_id IN (SELECT former_id FROM former_ids)",
+    "former_feedback": "DELETE FROM feedback WHERE batch_id = $1 AND given_id IN (SELECT former_id FROM former_ids)",
 }
 
 
@@ -88,13 +93,16 @@ def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
 def drop_earlier_ids(cur, batch_id: str, prompt_ids: Sequence[str], own_ids: bool) -> None:
     """Inside the batch's transaction, after its rows: drop the rows it wrote again whose id was in
     the store before it. A batch writes each prompt id once, so a prompt id seen twice was there
-    before; only responses of such prompts can be (a response id hashes its prompt). Judgment ids
-    are new with every batch unless rows carried their own (`own_ids`: an export ingested back)."""
+    before; only responses of such prompts can be (a response id hashes its prompt). A judgment
+    stored before by any route has the same id; one whose row carried its own id (`own_ids`) may
+    also come from an export written before the store's ids were content ids (former_ids)."""
     again = _delete_later_copies(cur, "prompts", prompt_ids)
     if again:
         _delete_later_copies(cur, "responses", again)
+    cur.execute(_DEDUP["judgments"], [batch_id])
     if own_ids:
-        cur.execute(_DEDUP["judgments"], [batch_id])
+        cur.execute(_DEDUP["former"], [batch_id])
+        cur.execute(_DEDUP["former_feedback"], [batch_id])
 
 
 def _delete_later_copies(cur, table: str, ids: Sequence[str]) -> list[str]:

@@ -8,10 +8,10 @@ first ones, and at its end lets bulk.drop_earlier_ids drop those that were in th
     >>> seen = SeenIds()
     >>> x, y = "x" * 24, "y" * 24  # content ids are 24 characters
     >>> chunk = pa.table({"pid": ["p", "p"], "rid_a": [x, y], "rid_b": [y, x],
-    ...                   "jid": ["j1", "j2"], "id": pa.nulls(2, pa.string())})
+    ...                   "jid": ["j1", "j1"], "id": pa.nulls(2, pa.string())})
     >>> flagged = seen.flag("judgments", chunk)
     >>> [flagged.column(c).to_pylist() for c in ("new_p", "new_a", "new_b", "new_j")]
-    [[True, False], [True, True], [False, False], [True, True]]
+    [[True, False], [True, True], [False, False], [True, False]]
     >>> seen.flag("judgments", chunk).column("new_a").to_pylist()  # the next chunk: all known
     [False, False]
 """
@@ -27,16 +27,16 @@ RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedba
 
 
 class SeenIds:
-    """Prompt and response ids written by this batch; judgment ids only once rows carry their own.
+    """Prompt, response and judgment ids written by this batch.
 
-    Prompt and response ids are kept as ASCII bytes, which Python hashes and stores faster than
-    str: memory grows with the batch's distinct ids (about 90 bytes each), not with its text."""
+    Ids are kept as ASCII bytes, which Python hashes and stores faster than str: memory grows with
+    the batch's distinct ids (about 90 bytes each), not with its text."""
 
     def __init__(self) -> None:
         self.prompts: set[bytes] = set()
         self.responses: set[bytes] = set()
-        self.judgments: set[str] = set()
-        self.own_ids = False  # some row carried an `id` (an export): it may be in the store already
+        self.judgments: set[bytes] = set()
+        self.own_ids = False  # some row carried an `id`: it may name a row of an older export
 
     def flag(self, kind: str, staged: pa.Table) -> pa.Table:
         """`staged` (with ids.with_ids' columns) plus boolean new_* columns."""
@@ -45,19 +45,10 @@ class SeenIds:
             flags[flag] = _first_rows(staged.column(column), self.responses)
         if staged.column("id").null_count < staged.num_rows:
             self.own_ids = True
-        if self.own_ids:  # generated ids (batch sha256, row) are unique and need no memory
-            flags["new_j"] = _firsts(staged.column("jid").to_pylist(), self.judgments)
-        else:
-            flags["new_j"] = [True] * staged.num_rows
+        flags["new_j"] = _first_rows(staged.column("jid"), self.judgments)
         for name, values in flags.items():
             staged = staged.append_column(name, pa.array(values, pa.bool_()))
         return staged
-
-
-def _firsts(ids: list[str | None], seen: set[str]) -> list[bool]:
-    """True where an id is new to `seen` (which learns it), or is None (an id still to be generated,
-    unique by construction). `seen.add` returns None, hence the `or`."""
-    return [i is None or not (i in seen or seen.add(i)) for i in ids]
 
 
 def _first_rows(ids, seen: set[bytes]) -> np.ndarray:

@@ -24,14 +24,15 @@ def test_sql_expression_equals_content_id(store):
     assert row[0] == content_id("p", "é")
 
 
-def test_with_ids_uses_content_ids_and_batch_row_for_judgments():
+def test_with_ids_uses_content_ids_for_prompts_responses_and_judgments():
     staged = pa.Table.from_pylist(
         [{"row": 7, "id": None, "prompt": "p", "messages": None, "response_a": "x", "response_b": "y",
           "winner": "a", "rater": "human:1", "source": "judgments"}], schema=JUDGMENT_SCHEMA)
-    ids = with_ids("judgments", staged, "f" * 64).to_pylist()[0]
+    ids = with_ids("judgments", staged).to_pylist()[0]
     assert ids["pid"] == prompt_id("p")
     assert (ids["rid_a"], ids["rid_b"]) == (response_id("p", "x"), response_id("p", "y"))
-    assert ids["jid"] == content_id("f" * 64, "7")
+    assert ids["jid"] == content_id("human:1", ids["rid_a"], ids["rid_b"], "a", "", "", "", "", "")
+    assert ids["given_id"] is None
 
 
 def _votes(store, votes):

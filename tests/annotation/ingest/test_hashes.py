@@ -50,10 +50,12 @@ def test_seen_ids_flag_the_first_row_of_each_new_id_across_chunks():
 
     rid = [hashlib.sha256(str(i % 5).encode()).hexdigest()[:24] for i in range(12)]
     chunk = pa.table({"pid": ["p", "q", "p"] * 4, "rid_a": rid, "rid_b": rid[::-1],
-                      "jid": [None] * 12, "id": pa.nulls(12, pa.string())})
+                      "jid": rid[:6] * 2, "id": pa.nulls(12, pa.string())})
     seen = SeenIds()
     flagged = seen.flag("judgments", chunk)
     assert flagged.column("new_p").to_pylist() == [True, True] + [False] * 10
     assert flagged.column("new_a").to_pylist() == [True] * 5 + [False] * 7
     assert flagged.column("new_b").to_pylist() == [False] * 12  # the same five ids, already seen
-    assert seen.flag("judgments", chunk).column("new_a").to_pylist() == [False] * 12
+    assert flagged.column("new_j").to_pylist() == [True] * 5 + [False] * 7  # a judgment id is kept once too
+    again = seen.flag("judgments", chunk)
+    assert again.column("new_a").to_pylist() == again.column("new_j").to_pylist() == [False] * 12

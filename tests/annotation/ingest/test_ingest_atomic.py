@@ -80,7 +80,8 @@ def test_bad_row_late_in_a_streamed_file_redoes_it_precisely(store, tmp_path, mo
 
 def test_clean_streamed_file_writes_each_id_once(store, tmp_path, monkeypatch):
     monkeypatch.setattr(readers, "BATCH_BYTES", 2048)
-    rows = good_rows(300) + good_rows(50)  # the same texts again in later chunks
+    again = [{**row, "rater": "human:again"} for row in good_rows(50)]  # the same texts, another rater
+    rows = good_rows(300) + again
     result = ingest_file(store, write_jsonl(tmp_path / "clean.jsonl", rows))
     assert (result.rows_in, result.rows_ok) == (350, 350)
     counts = store.counts()

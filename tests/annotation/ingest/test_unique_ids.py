@@ -68,11 +68,12 @@ def test_reingesting_an_export_adds_no_rows(store, tmp_path):
     assert after["batches"] == before["batches"] + 1
 
 
-def test_rows_that_repeat_their_own_id_are_one_judgment(store):
-    result = ingest_records(store, [{**FIRST[0], "id": "j-1"}, {**FIRST[1], "id": "j-1"},
-                                    {**FIRST[2], "id": "j-2"}])
-    assert (result.rows_in, result.rows_ok) == (3, 2)
-    assert store.con.execute("SELECT winner FROM judgments WHERE id = 'j-1'").fetchall() == [("a",)]
+def test_a_row_repeated_with_its_own_id_is_one_judgment_and_its_id_is_part_of_its_identity(store):
+    result = ingest_records(store, [{**FIRST[0], "id": "j-1"}, {**FIRST[0], "id": "j-1"},
+                                    {**FIRST[0], "id": "j-2"}, {**FIRST[1], "id": "j-1"}])
+    assert (result.rows_in, result.rows_ok) == (4, 3)  # j-2 is a deliberate repeat; FIRST[1] another vote
+    assert store.con.execute("SELECT given_id, count(*) FROM judgments GROUP BY ALL ORDER BY ALL"
+                             ).fetchall() == [("j-1", 2), ("j-2", 1)]
 
 
 def test_write_batch_skips_ids_already_in_the_store_or_repeated(store):
