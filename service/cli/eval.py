@@ -32,6 +32,12 @@ def add(sub) -> None:
                    help="score --data by the leaderboard's rules: subsets, sections and overall score")
     p.add_argument("--html", default=None, metavar="OUT", help="also write an HTML page with a "
                    "per-subset bar chart")
+    p.add_argument("--reference-stats", action="store_true",
+                   help="also write the model's reference statistics into its folder (what "
+                        "ensembles and the serving watch compare with): hidden-state mean and "
+                        "covariance from the snapshot's training pairs (with --data: half of the "
+                        "file's prompts), scores and distances from the evaluated pairs (the other "
+                        "half)")
     p.add_argument("--device", default="auto", help="auto | cpu | cuda | cuda:N")
     p.add_argument("--batch-size", type=int, default=16, help="responses per forward")
 
@@ -41,6 +47,9 @@ def run(args) -> int:
         raise ValueError("--benchmark needs --data FILE: the benchmark's Parquet or JSONL file")
     if Path(args.model).is_dir():
         check_model_folder(args.model)
+    if args.reference_stats and (args.server or args.benchmark):
+        raise ValueError("--reference-stats reads hidden states of pairs: load the model here "
+                         "(no --server) and evaluate pairs (no --benchmark)")
     if args.server:
         from service.cli.remote import server
 
@@ -57,6 +66,8 @@ def run(args) -> int:
         model = RewardModel.load(folder, device=args.device)
         result = {"model_id": model.model_id, "path": str(folder), "data": args.data or "validation",
                   **_evaluate(args, ScoringProgress(model), rows)}
+        if args.reference_stats:
+            result["reference_stats"] = _write_reference_stats(args, model, folder, config, rows)
     _report(args, result)
     print(json.dumps(result, default=str), flush=True)
     return 0
@@ -95,6 +106,40 @@ def _report(args, result: dict) -> None:
     print(table(result), file=sys.stderr, flush=True)
     if args.html:
         write_html(args.html, result)
+
+
+def _write_reference_stats(args, model, folder: str, config: dict, rows: list[dict]) -> dict:
+    """rm/model/reference_stats.py's statistics, written into `folder`. Validation side: the
+    evaluated pairs' responses; fitting side: the snapshot's training pairs, or with --data the
+    pairs of half the file's prompts (by prompt hash), the other half being the validation side."""
+    from rm.model.reference_stats import compute_reference_stats, write_reference_stats
+    from rm.train.reward_data import row_prompt, split_of
+
+    def items(pairs):
+        return [(row_prompt(r), r[side]) for r in pairs for side in ("chosen", "rejected")]
+
+    if args.data:
+        halves = [split_of(json.dumps(r["prompt"], sort_keys=True), 0.5) for r in rows]
+        fit = [r for r, h in zip(rows, halves, strict=True) if h == "train"]
+        rows = [r for r, h in zip(rows, halves, strict=True) if h == "val"]
+        source = f"--data {args.data}"
+    else:
+        fit, source = _training_rows(args, config), f"snapshot {config['snapshot_id']}"
+    stats = compute_reference_stats(model, items(fit), items(rows), batch_size=args.batch_size,
+                                    source=source)
+    path = write_reference_stats(folder, stats)
+    print(f"reference statistics: {path}", file=sys.stderr, flush=True)
+    return {**stats.as_json(), "path": str(path)}
+
+
+def _training_rows(args, config: dict) -> list[dict]:
+    """The pairs of the model's snapshot that training learned from."""
+    from rm.train.reward_data import split_of
+    from service.cli.stores import open_store
+
+    with open_store(args, read_only=True) as store:
+        rows = store.pairs(config["snapshot_id"]).to_pylist()
+    return [r for r in rows if split_of(r["prompt_id"], config.get("val_fraction", 0.1)) == "train"]
 
 
 # --- the model: a folder, a registered id, or a server ----------------------------------------

@@ -20,6 +20,7 @@ from service.cli import label_studio as cli_label_studio
 from service.cli import models as cli_models
 from service.cli import snapshots as cli_snapshots
 from service.cli import train as cli_train
+from service.cli import watch as cli_watch
 from service.cli.ports import PortInUse
 from service.cli.stores import open_store
 
@@ -161,7 +162,14 @@ def _add_serve(sub) -> None:
                        "(BRADLEY_API_KEYS, BRADLEY_MAX_WAIT_MS, ...; see service/api/settings.py).")
     p.add_argument("--host", default=None, help="default 127.0.0.1 (env BRADLEY_HOST)")
     p.add_argument("--port", type=int, default=None, help="default 8000 (env BRADLEY_PORT)")
-    p.add_argument("--model", default=None, help="model id in the store or a model folder")
+    p.add_argument("--model", default=None, action="append",
+                   help="model id in the store or a model folder; repeated, an ensemble whose "
+                        "members' standardised scores are combined (env BRADLEY_MODEL=A,B)")
+    p.add_argument("--aggregate", default=None, choices=["mean", "min", "uwo"],
+                   help="how an ensemble combines its members: mean, min (worst case) or uwo "
+                        "(mean - λ·std); default mean (env BRADLEY_ENSEMBLE_AGGREGATE)")
+    p.add_argument("--uncertainty-weight", type=float, default=None, metavar="λ",
+                   help="λ of uwo; default 1 (env BRADLEY_ENSEMBLE_UNCERTAINTY_WEIGHT)")
     p.add_argument("--device", default=None, help="auto | cpu | cuda | cuda:N (env BRADLEY_DEVICE)")
     p.add_argument("--read-only", action="store_true", help="serve scores only; refuse writes")
 
@@ -197,9 +205,9 @@ def cmd_demo(args) -> int:
 # Commands that work through a running `bradley serve` with --server URL: ingest and report in
 # service/cli/remote.py, the others read and write through service/cli/stores.py's RemoteStore.
 SERVER_COMMANDS = ("ingest", "report", "export", "train rm", "train po", "eval", "label",
-                   "snapshots", "models list", "models register")
+                   "snapshots", "models list", "models register", "watch")
 REMOTE_HANDLERS = ("ingest", "report")
-NO_STORE = ("simulate", "models prepare")  # commands that never open a store
+NO_STORE = ("simulate", "models prepare", "watch")  # commands that never open a store
 COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "ingest": (_add_ingest, cmd_ingest),
     "export": (_add_export, cmd_export),
@@ -213,6 +221,7 @@ COMMANDS: dict[str, tuple[Callable, Callable]] = {
     "models": (cli_models.add, cli_models.run),
     "demo": (_add_demo, cmd_demo),
     "snapshots": (cli_snapshots.add, cli_snapshots.run),
+    "watch": (cli_watch.add, cli_watch.run),
 }
 DB_HELP = "DuckDB store (env BRADLEY_DB)"
 SERVER_HELP = ("work through this running `bradley serve`, which holds the store (key from env "
