@@ -22,7 +22,13 @@ CPUs without native bf16 (AVX2-only, as the development machine of 2026-12-02) T
 is emulated and about 60x slower, which would measure the CPU, not the trainer. The transformers
 import in our process leaves scipy out (rm/model/reward_model.py: import_modeling); TRL's venv has no scipy.
 
-Run: `nice -n 10 .venv/bin/python bench/dpo_vs_trl.py` (TRL's venv is created on first use).
+`--lora` measures something else: the peak RSS of our DPO in full and with `--lora-rank`
+(default 16) on one larger policy (hidden 768, 8 layers, ~60M parameters, 2 steps of 2 pairs at
+64 tokens), where weights, gradients and AdamW's moments outweigh the imports; a LoRA run holds
+the frozen weights once and the optimizer state of the adapters only.
+
+Run: `nice -n 10 .venv/bin/python bench/dpo_vs_trl.py` (TRL's venv is created on first use), or
+`... bench/dpo_vs_trl.py --lora`.
 """
 
 from __future__ import annotations
@@ -202,12 +208,53 @@ def run(args, work: Path, rows: list[dict]) -> dict:
     }
 
 
+def run_lora(args, work: Path, rows: list[dict]) -> dict:
+    """Peak RSS of `bradley train po --loss dpo` in full and with `--lora-rank`, on one larger
+    policy (hidden --lora-hidden, --lora-layers layers: there the weights, their gradients and
+    AdamW's two moments outweigh the imports), each run in its own process on its own store."""
+    from rm.model.reward_model import build_tiny_causal_lm, count_parameters, load_causal_lm
+
+    work.mkdir(parents=True, exist_ok=True)
+    folder = work / "policy"
+    texts = [t for r in rows for t in (r["prompt"], r["chosen"], r["rejected"])]
+    build_tiny_causal_lm(folder, texts, hidden=args.lora_hidden, layers=args.lora_layers, vocab_size=1024)
+    n_params = count_parameters(load_causal_lm(str(folder))[0])
+    data = work / "pairs.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.threads)}
+    runs = {}
+    for name, extra in (("full", []), ("lora", ["--lora-rank", str(args.lora_rank)])):
+        db = work / f"{name}.duckdb"
+        db.unlink(missing_ok=True)
+        bradley = [sys.executable, "-m", "service.cli", "--db", str(db)]
+        subprocess.run(bradley + ["ingest", str(data), "--format", "trl"], check=True, cwd=ROOT,
+                       capture_output=True)
+        shutil.rmtree(work / name, ignore_errors=True)
+        train = bradley + ["train", "po", "--loss", "dpo", "--base-model", str(folder), "--steps",
+                           str(args.lora_steps), "--batch-size", "2", "--max-length", "64",
+                           "--val-fraction", "0", "--out", str(work / name), *extra]
+        out, rss = run_measured(train, work, f"dpo_{name}", env)
+        runs[name] = {**json.loads(out.strip().splitlines()[-1]), "peak_rss_mb": rss}
+    full, low = runs["full"], runs["lora"]
+    return {"dpo_lora_n_params": n_params, "dpo_lora_rank": args.lora_rank,
+            "dpo_lora_steps": args.lora_steps, "dpo_full_peak_rss_mb": round(full["peak_rss_mb"], 1),
+            "dpo_lora_peak_rss_mb": round(low["peak_rss_mb"], 1),
+            "dpo_lora_peak_rss_ratio_vs_full": round(low["peak_rss_mb"] / full["peak_rss_mb"], 3),
+            "dpo_lora_first_loss": round(low["first_loss"], 6), "dpo_lora_final_loss": round(low["final_loss"], 6),
+            "dpo_full_final_loss": round(full["final_loss"], 6)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_arguments(parser)
+    parser.add_argument("--lora", action="store_true",
+                        help="only the LoRA comparison: peak RSS of full and LoRA DPO on a larger policy")
     args = parser.parse_args()
     started = time.perf_counter()
-    figures = run(args, WORK / "dpo", synthetic_pairs(256, seed=0))
+    if args.lora:
+        figures = run_lora(args, WORK / "dpo-lora", synthetic_pairs(32, seed=0))
+    else:
+        figures = run(args, WORK / "dpo", synthetic_pairs(256, seed=0))
     print(json.dumps({"benchmark": "dpo_vs_trl", **figures,
                       "wall_seconds": round(time.perf_counter() - started, 1)}))
 
@@ -215,7 +262,9 @@ def main() -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, kind, default in (("--steps", int, 32), ("--batch", int, 8), ("--max-length", int, 256),
                                 ("--lr", float, 1e-3), ("--warmup", float, 0.1), ("--threads", int, 2),
-                                ("--beta", float, 0.1), ("--micro-batch", int, 1)):
+                                ("--beta", float, 0.1), ("--micro-batch", int, 1),
+                                ("--lora-rank", int, 16), ("--lora-hidden", int, 768),
+                                ("--lora-layers", int, 8), ("--lora-steps", int, 2)):
         if not any(flag in a.option_strings for a in parser._actions):
             parser.add_argument(flag, type=kind, default=default)
 

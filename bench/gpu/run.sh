@@ -4,7 +4,9 @@
 # reward model against the offline batched forward and a one-forward-per-request server. First,
 # the cheap models (the tiny and 5M reward models built from a config) served on the GPU,
 # where a forward is cheap and the server's own work per request is what shows. One JSON line each
-# in $OUT: score_load_small.json, rm_train.json, dpo_train.json, score_load.json.
+# in $OUT: score_load_small.json, rm_train.json, dpo_train.json, score_load.json. Last, training on a
+# Llama-3.2-1B shape (bench/gpu/train_1b.py): train rm and train po --loss dpo, in full and with LoRA
+# r=16, and TRL's RewardTrainer and DPOTrainer beside them: train_1b_<phase>.json.
 #
 #   bench/gpu/wheels.sh                       here: wheels the GPU machine lacks, + the hh-rlhf items
 #   bench/gpu/run.sh                          there (carry bench/gpu/carry), OUT set by the device tool
@@ -55,4 +57,8 @@ fi
   $SERVE_ONLY
 model="$(cat "$WORK/train/rm_path.txt")"
 "${LIMIT[@]}" ${LIMIT:+240} "$PY" bench/score_load.py --model "$model" "${SCORE[@]}" | tee "$OUT/score_load.json"
+if [ -z "$SERVE_ONLY" ]; then   # the 1B shape last: a failure here keeps every figure above
+  "${LIMIT[@]}" ${LIMIT:+240} "$PY" bench/gpu/train_1b.py --out "$OUT" --work "$WORK/train-1b" $SMOKE \
+    || echo "bench/gpu/run.sh: the 1B training phases failed (exit $?)" >&2
+fi
 echo "bench/gpu/run.sh ${SMOKE:-(gpu)}: $((SECONDS - started)) s" >&2

@@ -127,11 +127,13 @@ def flops_per_token(shape: dict, seq_len: int, causal_head: bool) -> float:
 
 
 def measure(name: str, argv: list[str], steps: int, tokens_per_step: int, flops_per_step: float,
-            device: str, work: Path) -> dict:
+            device: str, work: Path, warmup: bool = True) -> dict:
     # a discarded first run takes CUDA's one-time costs (kernel loading, cuBLAS handles, the
     # allocator's first blocks), which would otherwise land in the n run alone and shrink the
     # difference: without it the RM's step time came out at 18.5 ms, an impossible MFU of 1.9
-    cli([*argv, "--steps", str(steps), "--out", str(work / f"{name}-warmup")])
+    # (`warmup=False`: the caller ran one already in this process)
+    if warmup:
+        cli([*argv, "--steps", str(steps), "--out", str(work / f"{name}-warmup")])
     runs = []
     for n in (steps, 3 * steps):
         if device == "cuda":

@@ -17,7 +17,8 @@ cd "$(dirname "$0")"
 DEST=carry/wheels
 PACKAGES=(duckdb fastapi starlette uvicorn pydantic pydantic-core pydantic-settings python-dotenv
           annotated-types typing-inspection annotated-doc krippendorff orjson httptools
-          opentelemetry-api typing-extensions anyio)
+          opentelemetry-api typing-extensions anyio
+          trl accelerate)   # TRL, the baseline of bench/gpu/train_1b.py
 PY=../../.venv/bin/python
 mkdir -p "$DEST"
 specs=()

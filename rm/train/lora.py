@@ -215,6 +215,7 @@ def check_merged(net, folder, batch: dict, device) -> float:
     hf_model, tokenizer = load_backbone(str(folder))
     plain = RewardNet(hf_model, tokenizer.sep_token_id).eval()
     was_training = net.training
+    net.go_padded()  # as the plain model runs: fp32, padded, no bf16 attention kernel
     net.eval()
     with torch.no_grad():
         ours = net(batch["input_ids"].to(device), batch["attention_mask"].to(device)).float().cpu()

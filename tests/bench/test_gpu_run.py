@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 GPU = ROOT / "bench" / "gpu"
 
@@ -36,6 +38,7 @@ def test_the_135m_shape_and_flop_count():
     assert bench.total_parameters(bench.SMOLLM2_135M) == 134_515_008   # SmolLM2-135M's published size
 
 
+@pytest.mark.timeout(900)   # the 1B phases add their tiny runs and TRL in a child
 def test_run_sh_smoke(tmp_path):
     env = {**os.environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(["bash", str(GPU / "run.sh"), "--smoke"], cwd=ROOT, env=env,
@@ -64,3 +67,24 @@ def test_run_sh_smoke(tmp_path):
     assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
     assert small["tiny_ratio_vs_offline"] > 0 and small["overhead_ratio_vs_hello"] > 0
     assert all(model["scores_without_mask"] is True for model in small["models"].values())
+    phases = {}   # bench/gpu/train_1b.py: the 1B shape's phases, the tiny one here
+    for name in ("rm_full", "rm_lora", "dpo_full", "dpo_lora", "trl_rm", "trl_dpo"):
+        text = (tmp_path / f"train_1b_{name}.json").read_text().strip().splitlines()
+        assert len(text) == 1, f"train_1b_{name}: {text}\n{done.stderr[-3000:]}"
+        phases[name] = json.loads(text[0])
+    assert phases["rm_lora"]["lora_rank"] == 16 and phases["rm_full"]["lora_rank"] == 0
+    assert all(phases[n]["tokens_per_s"] > 0 for n in phases)
+    assert phases["trl_rm"]["rm_speedup_vs_trl"] > 0 and phases["trl_dpo"]["dpo_speedup_vs_trl"] > 0
+
+
+def test_the_1b_shape():
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    spec = importlib.util.spec_from_file_location("train_1b", GPU / "train_1b.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**bench.LLAMA_1B))
+    assert sum(p.numel() for p in model.parameters()) == 1_235_814_400   # Llama-3.2-1B's size
+    assert bench.mfu.total_parameters(bench.LLAMA_1B) == 1_235_814_400
