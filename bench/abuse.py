@@ -1,4 +1,4 @@
-"""Benchmark: can callers without a key starve the trainers? (issue 14, item 1)
+"""Benchmark: can callers without a key starve the trainers?
 
 `bradley serve` (the real CLI, a separate process, default settings, the tiny reward model of
 bench/score_load.py built from a config) is driven twice for --seconds each:

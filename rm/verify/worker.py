@@ -1,8 +1,8 @@
 """The verifier worker process (`python -m rm.verify.worker`), the parent's handle on one
 (`WorkerProcess`, used by rm/verify/pool.py), and the wire format both sides share.
 
-Protocol: one line per message each way, encoded with orjson (C; `json` cost more than the gsm8k
-checks themselves, issue 19's profile). The parent sends `[seq, [[name, response, ground_truth,
+Protocol: one line per message each way, encoded with orjson (in C: `json`, in Python, cost more than
+cheap checks themselves). The parent sends `[seq, [[name, response, ground_truth,
 options], ...]]`; the worker answers `[seq, [[reward, correct, format_ok, status, extracted,
 detail], ...]]`, in order. Before each call the worker writes (seq, index, CLOCK_MONOTONIC) into a
 24-byte shared page, so the parent knows which call of a message is running and since when, and

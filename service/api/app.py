@@ -48,9 +48,7 @@ def create_app(settings: Settings, service: Service | None = None) -> FastAPI:
     app.state.anon_slots = ClientSlots(settings.anon_max_concurrent)
     for router in (routes_score.router, routes_data.router, routes_store.router,
                    routes_watch.router):
-        # the routes themselves, not include_router: FastAPI 0.16x matches an included router's
-        # routes through a wrapper, twice per request (~20 µs of each /score request, issue 20)
-        app.router.routes.extend(router.routes)
+        app.include_router(router)
     app.add_exception_handler(ValueError, http.handle_error)
     app.add_exception_handler(Exception, http.handle_error)
     app.add_exception_handler(HTTPException, http.handle_http_error)
@@ -123,15 +121,11 @@ def tune_interpreter() -> None:
     """Interpreter settings for a server under load, once start-up is done.
 
     What start-up built (torch, the model, the app) goes out of the collector's full passes, and a
-    request's many short-lived objects no longer start a collection every 700 allocations (issue
-    19's profile: 0.1 µs per gsm8k item, a tenth of this process's work under load).
+    request's many short-lived objects no longer start a collection every 700 allocations.
 
     A /score request crosses threads three times (event loop, tokenizer thread, batcher worker,
     event loop), and a thread woken while another runs Python waits for the interpreter lock until
-    the switch interval ends: 5 ms by default, longer than a cheap model's forward. At 0.5 ms,
-    1-token requests (the server's own cost) went from 1,860-1,915 to 2,385-2,476/s, p50 35 -> 25
-    ms, at the same CPU per request (2 cores, tiny model, 64 clients, issue 20); 0.2 and 0.1 ms
-    were slower again (1,930 and 2,150/s), from switching itself.
+    the switch interval ends: 5 ms by default, longer than a cheap model's forward.
     """
     gc.freeze()
     gc.set_threshold(10_000)

@@ -112,7 +112,7 @@ async def optional_key(request: Request) -> Caller:
 
 async def scoring_caller(request: Request) -> Caller:
     """A plain coroutine, neither a generator (FastAPI wraps those in an exit stack and a cancel
-    scope per request, about a third of the hot routes' framework cost in issue 20's profile) nor a
+    scope per request, a large part of the hot routes' framework cost) nor a
     `def` (run in a worker thread, and the slots are the event loop's alone). The anonymous slot is
     given back by `release_held` when the response has gone."""
     needs_key = _settings(request).score_requires_key

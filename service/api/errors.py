@@ -178,7 +178,7 @@ class SafetyNet:
     Starlette hands `Exception` to its outermost ServerErrorMiddleware, which sends the handler's
     response and then re-raises; uvicorn, seeing an exception after the response started, closes
     the connection without `Connection: close`, so a keep-alive client's next request fails with
-    "connection reset" (issue 14). Here the exception ends with the response, the connection stays
+    "connection reset". Here the exception ends with the response, the connection stays
     usable, and the traceback goes to the log only. After the response has started nothing can be
     repaired, so the exception goes on (and uvicorn closes the connection, the only honest option).
     """

@@ -142,7 +142,7 @@ class Metrics:
 
     def on_scores(self, model_id: str, responses: Sequence[str], scores: Sequence[float]) -> None:
         """Kept, and merged into the moments when /metrics is read or PENDING_PAIRS wait: merging
-        per request was 8% of the event loop's work on 1-token /score requests (issue 20). Scores
+        per request was a visible share of the event loop's work on small /score requests. Scores
         of a model swapped out while they were computed are left out."""
         with self._pairs_lock:
             if model_id != self._model_id:

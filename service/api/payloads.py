@@ -89,14 +89,14 @@ def decode_json(body: bytes):
     return check_values(value) if odd or _SURROGATE_ESCAPE.search(text) else value
 
 
-# Bodies orjson decodes (in C, ~10x faster than json) to exactly what the checked path returns. orjson
+# Bodies orjson decodes (in C, much faster than json) to exactly what the checked path returns. orjson
 # refuses (JSONDecodeError) lone surrogates, NaN/Infinity, floats that overflow, bad UTF-8, deep
 # nesting and malformed JSON, and rounds floats as Python does; those bodies take the checked path,
 # so every error message comes from one place. What orjson accepts silently is an integer beyond
 # 64 bits (it becomes a float), and such a literal has 19 digits or more: bodies holding a run of 19
 # digits anywhere (in a string too) take the checked path. The scan maps digits to "0" and searches
 # for nineteen of them (bytes.translate and `in` run in C at memory speed; a regex here cost more
-# than decoding: 5 µs per /score item, issue 19's profile).
+# than decoding).
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _DIGIT_RUN = b"0" * 19
 # a lone surrogate can only come from a \uD800-\uDFFF escape: UTF-8 cannot encode one
@@ -244,7 +244,7 @@ def _each_item(items: list, limits: Limits) -> tuple[list, list[str]]:
 def plain_strings(items: list, key: str, longest: int) -> list[str] | None:
     """`item[key]` of every item when each is an object holding a string of at most `longest`
     characters there (a trainer's usual request), found in passes that run in C: a Python loop
-    over 1,024 items cost more than the gsm8k checks (issue 19's profile). None otherwise: a loop
+    over a thousand items costs more than cheap verifier checks. None otherwise: a loop
     then finds the item and names the problem.
 
     >>> plain_strings([{"p": "a"}, {"p": "bc"}], "p", 5), plain_strings([{"p": "a"}, {"p": 7}], "p", 5)

@@ -1,7 +1,7 @@
 """Tokenization of small /score requests, many requests per tokenizer call, in a thread of its own.
 
 Per request, a thread-pool hop costs a future, a wake-up of the event loop and two tokenizer calls
-whose Python overhead dwarfs the Rust work for a 100-token item (issue 20's profile). Here each
+whose Python overhead dwarfs the Rust work for a 100-token item. Here each
 request is appended to a list; one thread takes everything that queued while it was busy, encodes it
 with one `RewardModel.encode` call per model (`rm.model.tokenizer.encode_many`: one fast-tokenizer call
 for all prompt parts, one for all response parts) and hands the ids back with one

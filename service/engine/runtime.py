@@ -35,7 +35,7 @@ from service.engine.watch import Watch
 log = logging.getLogger("bradley.service")
 UPLOAD_FORMATS = {"judgments": "judgments", "pairs": "trl", "feedback": "kto",
                   "webhooks/label-studio": "label-studio"}
-# Tokenization never runs on the event loop (a 7.5 MB request took it 4.5 s, issue 14). Requests
+# Tokenization never runs on the event loop (a request of megabytes would hold it for seconds). Requests
 # with more characters than this go to a lane of their own, so a small request never waits behind
 # a large one's tokenization (each lane is one thread: they share the GIL with the loop, which the
 # interpreter hands over every switch interval: 0.5 ms while serving, service.api.app.tune_interpreter).
@@ -107,7 +107,7 @@ class Service:
                                   settings.max_get_reward_items)
         self._encoders = {lane: ThreadPoolExecutor(1, thread_name_prefix=f"bradley-tokenize-{lane}")
                           for lane in ("small", "large")}
-        # small /score requests: many per tokenizer call (issue 20), the large lane one by one
+        # small /score requests: many per tokenizer call, the large lane one by one
         self._batched_encoder = EncodeQueue("bradley-tokenize-batched")
         self.batcher = Batcher(settings.max_batch_tokens or AUTO_BATCH_TOKENS["cpu"],
                                settings.max_batch_items,
