@@ -25,7 +25,7 @@ def _votes(prompt: str, x: str, y: str, x_wins: int, y_wins: int, ties: int = 0)
 
 
 def test_seed_seventy_percent_cycle():
-    # Issue 3: A beats B, B beats C, C beats A, 70% each -> entropy floor H(0.7) = 0.611,
+    # DESIGN.md's worked example: A beats B, B beats C, C beats A, 70% each -> entropy floor H(0.7) = 0.611,
     # BT floor ln 2 = 0.693 (by symmetry all scores equal), gap 0.082 nats per judgment.
     rows = _votes("p", "A", "B", 7, 3) + _votes("p", "B", "C", 7, 3) + _votes("p", "C", "A", 7, 3)
     result = cycles.analyze(verdict_table(rows))

@@ -202,8 +202,8 @@ def test_verdict_counts_problems_from_the_figures():
     bad["agreement"].update(krippendorff_alpha=0.1, flagged_raters=["human:x"])
     bad["cycles"].update(gap=0.2, gap_bootstrap_corrected=0.15, gap_bootstrap_p_value=0.001)
     out = report.verdict(bad)
-    # length, alpha, the flagged rater and the gap: one finding each (issue 14: the count and the
-    # list used to differ)
+    # length, alpha, the flagged rater and the gap: one finding each (the count and the
+    # list once differed)
     assert out["problems"] == 4 and out["headline"] == "Fix the data first: 4 problems."
     assert "longer answer wins 70%" in out["findings"][0] and "human:x" in out["findings"][2]
     assert out["problem"] == [True, True, True, True]

@@ -1,4 +1,4 @@
-"""Issue 14, items 7 and 10 (report side): the verdict counts every problem it lists, MT-Bench's 13
+"""The report's messages: the verdict counts every problem it lists, MT-Bench's 13
 judgments of a response against itself are named (ingest summary and report), the floor table shows
 no `None`, the agreement heatmap says when few raters overlap, `bradley snapshots` lists snapshots,
 and a report that finds nothing records no snapshot."""

@@ -1,4 +1,4 @@
-"""Issue 14, items 5 and 6: values that used to be stored although they mean nothing (a list or a
+"""Hostile input files: values that used to be stored although they mean nothing (a list or a
 number as rater, a strength that is no Bradley-Terry margin), and files whose failure printed a
 library's message alone (or a traceback, or crashed pyarrow) without naming the file or line."""
 

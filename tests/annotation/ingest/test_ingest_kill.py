@@ -1,4 +1,4 @@
-"""Issue 14, item 3: kill -9 at random points of 20 ingests. No batch is ever half in the store, and
+"""kill -9 at random points of 20 ingests. No batch is ever half in the store, and
 the spool a killed ingest leaves behind is gone after the next ingest (it used to stay in /tmp as
 `bradley-ingest-*`, 23-84 MB per kill for a 190 MB file)."""
 

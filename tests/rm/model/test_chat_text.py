@@ -1,6 +1,6 @@
 """`rm.model.template.chat_text` renders exactly what transformers' `apply_chat_template` renders, taking
-the template directly only where the probes agree (issue 20: the tokenizer thread's largest Python
-cost per /score item). Held against transformers' own method, called in every test."""
+the template directly only where the probes agree (the largest Python cost of rendering a /score
+item). Held against transformers' own method, called in every test."""
 
 import pytest
 from hypothesis import given, settings

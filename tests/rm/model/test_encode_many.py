@@ -1,5 +1,5 @@
 """`encode_many` (one tokenizer call per batch, what /score's worker uses) gives exactly the ids of
-`encode_prompt_response` item by item, for every layout and with left truncation (issue 20)."""
+`encode_prompt_response` item by item, for every layout and with left truncation."""
 
 import pytest
 

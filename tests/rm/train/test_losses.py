@@ -11,7 +11,7 @@ t = torch.tensor
 
 
 def test_bradley_terry_worked_check():
-    # Issue 4: rewards 2 and 1 → P = σ(1) = 0.731, loss = −ln 0.731 = 0.313.
+    # A hand computation: rewards 2 and 1 → P = σ(1) = 0.731, loss = −ln 0.731 = 0.313.
     loss = losses.bradley_terry_loss(t([2.0]), t([1.0]))
     assert loss.item() == pytest.approx(-math.log(1 / (1 + math.exp(-1))), abs=1e-6)
     assert round(loss.item(), 3) == 0.313

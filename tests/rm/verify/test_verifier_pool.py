@@ -167,7 +167,7 @@ def test_a_worker_killed_between_calls_costs_nothing():
         assert pool.counts["error"] == 0 and pool.restarts == 1
 
 
-# -- one message per batch (issue 19's load check: IPC per message, not per call) ---------------
+# -- one message per batch (IPC per message, not per call) -----------------------------------------
 
 
 def test_item_3_of_10_hangs_the_rest_are_scored_within_the_limit():

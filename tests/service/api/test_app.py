@@ -83,7 +83,7 @@ def test_uploads_check_on_error(tmp_path, path):
 
 def test_serve_shortens_the_interpreter_lock_hand_over(tmp_path, monkeypatch):
     """`bradley serve` hands the interpreter lock over every 0.5 ms, not every 5 ms (a /score
-    request crosses three threads; issue 20 measured 1-token requests 25-30% faster)."""
+    request crosses three threads)."""
     import gc
     import sys
     from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Issue 14's property test: arbitrary JSON bodies (and near-valid ones with hostile values: lone
+"""A property test: arbitrary JSON bodies (and near-valid ones with hostile values: lone
 surrogates, 5,000-digit integers, NaN, deep nesting, wrong types) sent to /score, /get_reward, the
 upload routes and the Label Studio webhook over ONE persistent HTTP/1.1 connection to a real
 uvicorn server. Never a 5xx; never a dropped connection (a response may close it only by saying
@@ -86,7 +86,7 @@ def counts(live) -> dict:
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(route=st.sampled_from(ROUTES), body=bodies, keyed=st.booleans())
 @example("/score", {"items": [{"prompt": "p", "response": "r"}], "group_size": 1, "advantage": []},
-         False)  # the five 500s of issue 14, always tried
+         False)  # five bodies that once gave 500s, always tried
 @example("/score", {"items": [{"prompt": "p", "response": "r"}], "group_size": 1, "advantage": {}},
          False)
 @example("/score", {"items": [{"prompt": "\ud800", "response": "r"}]}, False)

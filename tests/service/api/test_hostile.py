@@ -1,4 +1,4 @@
-"""Issue 14, the HTTP half: hostile bodies get a 4xx naming the field over a keep-alive connection
+"""Hostile HTTP clients: hostile bodies get a 4xx naming the field over a keep-alive connection
 that stays usable, tokenization never runs on the event loop, callers without a key have a
 character budget and a per-client concurrency bound, and upload/report errors point the right way.
 Everything through a real uvicorn server on 127.0.0.1."""
@@ -39,7 +39,7 @@ def _post(conn: http.client.HTTPConnection, path: str, body: bytes, headers: dic
     return response.status, response.getheader("connection"), json.loads(response.read() or b"null")
 
 
-# The five 500s of issue 14, and their neighbours: each must be a 4xx naming the field.
+# Five bodies that once gave 500s, and their neighbours: each must be a 4xx naming the field.
 BAD_BODIES = [
     ("/score", {"items": [ITEM], "group_size": 1, "advantage": []}, "advantage"),
     ("/score", {"items": [ITEM], "group_size": 1, "advantage": {}}, "advantage"),

@@ -1,4 +1,4 @@
-"""Issue 14 items 8 and 9: every route of `create_app` states who may call it in its signature, and
+"""Every route of `create_app` states who may call it in its signature, and
 what a caller without a key may see. The route list comes from the app itself, so a route added
 later without `caller: Keyed` fails here instead of shipping open."""
 

@@ -1,4 +1,4 @@
-"""Issue 14, item 10: what a newcomer hit. `make demo` ends by saying what to run next (and how to put
+"""What a newcomer hit. `make demo` ends by saying what to run next (and how to put
 `bradley` on the PATH), the demo's last step scores texts the simulated signal separates and says
 what the scores mean, the README says so too, and pyproject.toml uses the SPDX license string."""
 

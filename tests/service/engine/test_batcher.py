@@ -188,7 +188,7 @@ def test_hurry_flushes_a_waiting_batch():
 
 
 def test_a_large_request_does_not_hold_small_ones_behind_it():
-    """Issue 14: a 20-row request (10 batches of 2 rows at this budget) is taken two rows at a time
+    """Fairness: a 20-row request (10 batches of 2 rows at this budget) is taken two rows at a time
     and its rest goes to the back of the queue, so a 1-row request queued after it is scored in the
     second or third batch (the large one was already back in the queue when it came) and answered
     before the large one, whose scores still come back whole and in order."""

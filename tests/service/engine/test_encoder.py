@@ -1,5 +1,5 @@
 """service/engine/encoder.py: small requests that queue while the tokenizer thread works are encoded in one
-call, each gets exactly its own ids, and a request that breaks the shared call fails alone (issue 20)."""
+call, each gets exactly its own ids, and a request that breaks the shared call fails alone."""
 
 import asyncio
 import threading

@@ -1,4 +1,4 @@
-"""A model id always means the same weights (issue 14, item 4): training again into a registered
+"""A model id always means the same weights: training again into a registered
 `--out` is refused unless `--overwrite`, which retires the older id, and a model loaded by id
 (`serve --model ID`, `eval ID`) is checked against the sha256 registered with it.
 
