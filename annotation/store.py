@@ -343,9 +343,9 @@ class Store(SnapshotQueries):
             counts.append(int(n))
         if not ids:
             return
-        # One set-based insert from list parameters: executemany costs ~2 ms a row (minutes for a
-        # large preference set), and an Arrow scan would leave ~40 MB resident in the process that
-        # goes on to train (measured with 512 rows; as fast at 100k rows)
+        # One set-based insert from list parameters: executemany costs a round trip a row (minutes
+        # for a large preference set), and an Arrow scan would leave Arrow's libraries resident in
+        # the process that goes on to train
         self.con.execute(
             "INSERT OR IGNORE INTO ref_logps SELECT $1, $2, unnest($3), unnest($4), unnest($5)",
             [model_hash, template_hash, ids, logps, counts])

@@ -17,7 +17,7 @@ import pyarrow as pa
 from annotation.ingest.spool import Spool, spool_folder
 
 # Staged rows come with their content ids (pid, rid_a/rid_b or rid, jid; given_id), computed by ids.with_ids
-# in Python: measured 4x faster than sha256() in SQL, which needs the chunk in a temp table first; and
+# in Python: faster than sha256() in SQL, which needs the chunk in a temp table first; and
 # with flags (new_p, new_a, new_b, new_r, new_j) true where the id is the first of its kind in the batch.
 _STAGE_PROMPTS = "INSERT INTO prompts (id, text, messages) SELECT pid, prompt, messages FROM _bradley_stage WHERE new_p"
 _STAGE_RESPONSES = {

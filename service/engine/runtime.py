@@ -43,10 +43,9 @@ SMALL_REQUEST_CHARS = 16_384
 # Padding allowed per real token in one forward when BRADLEY_MAX_PADDING is unset. On a CPU a
 # padded token costs as much as a real one; a GPU wants big batches.
 AUTO_PADDING = {"cpu": 0.1, "cuda": 1.0}
-# Padded tokens per forward when BRADLEY_MAX_BATCH_TOKENS is unset. On the H200 (bench/gpu/run.sh) a
-# forward of the 30-layer 135M model took 31 ms for 1 row and 36 ms for 64 rows of 300 tokens
-# (bf16; kernel launches, not arithmetic): 4,096-token forwards capped the offline rate at 198
-# items/s, where 64-row ones reach ~1,800. On a CPU the cost follows the tokens.
+# Padded tokens per forward when BRADLEY_MAX_BATCH_TOKENS is unset. On a GPU a small model's forward
+# costs its kernel launches more than its arithmetic, so one row costs almost what 64 do and large
+# forwards pay (bench/RESULTS.md has the H200 figures); on a CPU the cost follows the tokens.
 AUTO_BATCH_TOKENS = {"cpu": 16384, "cuda": 65536}
 
 
