@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
+from service.engine.watch import WatchGauges
+
 PENDING_PAIRS = 4096  # served (length, score) pairs kept before they are merged into the moments
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 GROUP_GAUGES = {"reward": "all_equal_share", "accuracy": "accuracy_all_equal_share",
@@ -113,6 +115,7 @@ class Metrics:
             "was loaded, by result (a hit: a prompt not rendered and tokenized again)", ["result"],
             registry=r)
         self.started = Gauge("bradley_start_time_seconds", "process start (unix time)", registry=r)
+        self.watch = WatchGauges(r)  # the reward-hacking watch's (service/engine/watch.py)
         self.started.set(time.time())
         # on_scores runs on the event loop, on_model in a hot swap's worker thread: one lock
         self._pairs_lock = threading.Lock()

@@ -123,7 +123,7 @@ class Service:
         self.aggregation = Aggregation(settings.ensemble_aggregate,
                                        settings.ensemble_uncertainty_weight)
         self.watch = None if settings.watch == "off" else Watch(
-            self.metrics.registry, settings.watch_window, settings.watch_max_runs,
+            self.metrics.watch, settings.watch_window, settings.watch_max_runs,
             history_interval_s=settings.watch_history_interval_s,
             history_len=settings.watch_history_len)
         self.pass_rates = PassRates()

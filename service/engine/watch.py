@@ -145,11 +145,11 @@ class WatchGauges:
 class Watch:
     """Windows, summaries, gauges and history of the served models (see the module docstring)."""
 
-    def __init__(self, registry, window: int = 1024, max_runs: int = 8, tick_s: float = 1.0,
-                 history_interval_s: float = 10.0, history_len: int = 360):
+    def __init__(self, gauges: WatchGauges, window: int = 1024, max_runs: int = 8,
+                 tick_s: float = 1.0, history_interval_s: float = 10.0, history_len: int = 360):
         self.window, self.max_runs, self.tick_s = window, max_runs, tick_s
         self.history_interval_s, self.history_len = history_interval_s, history_len
-        self.gauges = WatchGauges(registry)
+        self.gauges = gauges
         self._lock = threading.Lock()  # pending records and the installed models
         self._pending: list[tuple] = []
         self._pending_items = self.dropped = 0

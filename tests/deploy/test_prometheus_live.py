@@ -64,11 +64,16 @@ def stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """`bradley serve` (the CLI, its own process) with a tiny reward model and a store."""
-    from rm.model.reward_model import build_tiny_reward_model
+    """`bradley serve` (the CLI, its own process) with a tiny reward model, its reference statistics
+    (so the watch's gauges exist) and a store."""
+    from rm.model.reference_stats import compute_reference_stats, write_reference_stats
+    from rm.model.reward_model import RewardModel, build_tiny_reward_model
 
     tmp = tmp_path_factory.mktemp("served")
     model = build_tiny_reward_model(tmp / "rm", TEXTS, hidden=32, layers=1, vocab_size=300)
+    items = [(text, text[::-1]) for text in TEXTS]
+    write_reference_stats(model, compute_reference_stats(RewardModel.load(model, device="cpu"),
+                                                         items[:40], items[40:], rank=4))
     port, log = free_port(), tmp / "serve.log"
     env = {**os.environ, "BRADLEY_API_KEYS": API_KEY, "BRADLEY_METRICS_REQUIRE_KEY": "true",
            "BRADLEY_DEVICE": "cpu",

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry
 from rm.model.reference_stats import ReferenceStats
 from service.api.payloads import PayloadError
 from service.engine.ensemble import Scored
-from service.engine.watch import OTHER_RUN, Watch, Window, run_of
+from service.engine.watch import OTHER_RUN, Watch, WatchGauges, Window, run_of
 
 REF = ReferenceStats(score_mean=1.0, score_std=2.0, score_quantiles={}, length_correlation=0.1,
                      response_chars_mean=4.0, mahalanobis_p99=5.0, n_val=100, n_fit=100,
@@ -53,7 +53,7 @@ def served(raw: list[float], distances: list[float], model: str = "rm-a") -> Sco
 @pytest.fixture
 def watch():
     registry = CollectorRegistry()
-    w = Watch(registry, window=100, max_runs=2)
+    w = Watch(WatchGauges(registry), window=100, max_runs=2)
     w.install({"rm-a": REF})
     w.registry = registry
     yield w
@@ -92,7 +92,7 @@ def test_a_new_model_drops_the_old_windows_and_records_of_other_models_are_ignor
 
 
 def test_nothing_is_kept_while_nothing_is_watched():
-    w = Watch(CollectorRegistry())
+    w = Watch(WatchGauges(CollectorRegistry()))
     w.install(None, "model rm-x has no reference statistics")
     w.record("ppo", ["a"], served([1.0], [0.0]))
     snapshot = w.snapshot()
