@@ -10,7 +10,9 @@ raters use these collapsed verdicts, so every pair of verdicts on an item is by 
 `position_consistency` reads the raw ones.
 
 `analyze(table)` takes `Store.verdict_arrays()`, codes it (analysis.verdicts) and returns every
-statistic; above it, one pure function per statistic on plain numpy arrays.
+statistic; above it, one pure function per statistic on plain numpy arrays. Every statistic is a
+function of counts that add up over items, so `analyze` is `block_counts` of all items, then
+`finish`; the report adds up blocks of prompts instead (analysis/store_analyses.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,9 @@ parameter per item). Two corrections of the gap, named apart in the output:
   scores drawn from their approximate posterior under a N(0, 1/λ) prior whose λ is chosen by
   cross-validation (`choose_prior`), so that sparse items are not drawn as certainties. Meant for
   the sparse case (one to a few votes per item), where the asymptotics fail.
+
+Everything but the bootstrap adds up over prompts: `analyze` is `block_counts` of every prompt,
+then `finish`; the report adds up blocks of prompts instead (analysis/store_analyses.py).
 """
 
 from __future__ import annotations

@@ -118,6 +118,29 @@ def test_krippendorff_alpha_published_nominal_example():
     assert agreement.krippendorff_alpha(counts) == pytest.approx(0.743, abs=5e-4)
 
 
+def test_counted_rows_give_the_statistics_of_the_rows_repeated():
+    # items with the same counts come as one row and a weight (the report's form): alpha (against
+    # the krippendorff package too), Fleiss and pairwise agreement are those of the rows repeated
+    import krippendorff
+
+    rng = np.random.default_rng(7)
+    rows = rng.integers(0, 4, (400, 3))
+    rows[:50, :] = [[3, 0, 0]]  # a constant block
+    profiles, weights = verdicts.distinct_rows(rows)
+    assert len(profiles) < len(rows) and weights.sum() == len(rows)
+    pairable = rows[rows.sum(axis=1) >= 2]
+    package = float(krippendorff.alpha(value_counts=pairable, level_of_measurement="nominal"))
+    assert agreement.krippendorff_alpha(rows) == pytest.approx(package, abs=1e-12)
+    assert agreement.krippendorff_alpha(profiles, weights) == pytest.approx(package, abs=1e-12)
+    for ties in (True, False):
+        assert agreement.pairwise_agreement(profiles, ties, weights) == \
+            agreement.pairwise_agreement(rows, ties)
+    three = rows[rows.sum(axis=1) == 3]
+    profiles, weights = verdicts.distinct_rows(three)
+    assert agreement.fleiss_kappa(profiles, weights) == pytest.approx(agreement.fleiss_kappa(three),
+                                                                      abs=1e-12)
+
+
 def test_krippendorff_alpha_on_verdicts_matches_coincidences():
     rows = [("p1", "x", "y", w, f"human:{k}") for k, w in enumerate(["a", "a", "tie"])]
     rows += [("p2", "x", "y", w, f"human:{k}") for k, w in enumerate(["b", "b"])]

@@ -181,3 +181,17 @@ def test_mtbench_turn1_humans_and_gpt4_prefer_longer_answers(shared_data):
     # figures for the record: humans 0.669 [0.632, 0.704] n=655; gpt-4 0.743 [0.701, 0.781] n=455
     assert out["by_kind"]["human"]["p_longer_wins"] == pytest.approx(0.6687, abs=1e-3)
     assert out["by_kind"]["ai"]["p_longer_wins"] == pytest.approx(0.7429, abs=1e-3)
+
+
+def test_counted_cells_give_the_analysis_of_the_rows():
+    # the report counts verdicts by (rater, winner, length difference, sources) in DuckDB first
+    table, _ = _simulated(SimulationConfig(prompts=300, raters=6, seed=12))
+    rows = lb._columns(table)
+    delta = rows["len_a"] - rows["len_b"]
+    keys = np.column_stack([rows["rater"], rows["winner"], delta, rows["source_a"], rows["source_b"]])
+    cells, count = np.unique(keys, axis=0, return_counts=True)
+    assert len(cells) < table.num_rows
+    counted = {**rows, "winner": cells[:, 1].astype(np.int8), "len_a": cells[:, 2],
+               "len_b": np.zeros(len(cells)), "count": count, "rater": cells[:, 0].astype(np.int64),
+               "source_a": cells[:, 3].astype(np.int64), "source_b": cells[:, 4].astype(np.int64)}
+    assert lb.analyze_cells(counted) == lb.analyze(table)
