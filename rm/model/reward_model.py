@@ -32,6 +32,7 @@ from rm.model.padding import last_token_index, pad_batch
 from rm.model.prompt_cache import PromptCache
 from rm.model.tiny_configs import tiny_config
 from rm.model.tokenizer import build_bpe_tokenizer, encode_many
+from rm.model.weights import share_weights
 
 TRAIN_CONFIG = "train_config.json"
 METRICS = "metrics.json"
@@ -326,6 +327,7 @@ def save_model(hf_model, tokenizer, out_dir, train_config: dict, metrics: dict,
     tokenizer.save_pretrained(out)
     (out / TRAIN_CONFIG).write_text(json.dumps(train_config, indent=2, default=str))
     (out / METRICS).write_text(json.dumps(metrics, indent=2, default=str))
+    share_weights(out)
     return out
 
 

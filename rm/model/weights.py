@@ -9,6 +9,7 @@ id is served (service/engine/registry.py).
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 
@@ -44,3 +45,25 @@ def check_weights(folder, expected: str | None, model_id: str) -> None:
         raise ValueError(f"model {model_id}: the weights in {folder} (sha256 {found[:12]}) are not "
                          f"the ones registered (sha256 {expected[:12]}); the folder was overwritten "
                          "by another run. Serve that run's model id, or retrain")
+
+
+def share_weights(folder) -> None:
+    """Give the safetensors files under `folder` the mode a new file gets (0666 less the umask):
+    safetensors writes them 0600 whatever the umask, so a scorer running as another user could not
+    read a model that every other file of its folder lets it read."""
+    mode = 0o666 & ~_umask()
+    for path in Path(folder).rglob("*.safetensors"):
+        path.chmod(mode)
+
+
+def _umask() -> int:
+    """The process's umask, from /proc where Linux tells it (no change, no race), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

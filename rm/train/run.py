@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from rm.model import device as devices
-from rm.model.weights import weights_sha256
+from rm.model.weights import share_weights, weights_sha256
 from rm.train.loop import TrainConfig
 from rm.train.lora import LoraSettings
 
@@ -201,6 +201,7 @@ def publish(plan: dict, metrics: dict) -> dict:
     shutil.rmtree(partial / "_work", ignore_errors=True)
     metrics = {**metrics, "weights_sha256": weights_sha256(partial)}
     (partial / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    share_weights(partial)
     if out.exists():
         shutil.rmtree(out)  # a previous bradley model in the same --out (checked in new_model_folder)
     partial.rename(out)

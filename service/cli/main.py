@@ -77,7 +77,8 @@ def cmd_ingest(args) -> int:
 
 def _add_export(sub) -> None:
     p = sub.add_parser("export", help="write resolved pairs or judgments out of the store")
-    p.add_argument("out", metavar="OUT")
+    p.add_argument("out", metavar="OUT", help="a file (written through a symlink), a FIFO, or - for "
+                                              "standard output")
     p.add_argument("--format", required=True, choices=["trl", "jsonl", "parquet", "hf"],
                    help="trl: resolved pairs; jsonl, parquet: every judgment; hf: a saved dataset")
     p.add_argument("--snapshot", default=None, help="reproduce exactly what a past run read")
@@ -89,11 +90,14 @@ def _add_export(sub) -> None:
 
 def cmd_export(args) -> int:
     from annotation.export import export
+    from annotation.outputs import is_stdout
 
     with open_store(args, read_only=True) as store:
         summary = export(store, args.format, args.out, snapshot_id=args.snapshot, raters=args.raters,
                          shape=args.shape)
-    _print_json(summary)
+    # the rows went to standard output: the summary must not join them
+    print(json.dumps(summary, default=str), file=sys.stderr if is_stdout(args.out) else sys.stdout,
+          flush=True)
     return 0
 
 
@@ -135,8 +139,10 @@ def _add_report(sub) -> None:
     p.add_argument("--raters", default=None, help="human | ai | a rater id prefix")
     p.add_argument("--snapshot", default=None,
                    help="re-read exactly what an earlier report or training run read (its snapshot id)")
-    p.add_argument("--html", default=None, metavar="OUT", help="write one self-contained HTML page")
-    p.add_argument("--json", default=None, metavar="OUT", help="write the full report as JSON")
+    p.add_argument("--html", default=None, metavar="OUT", help="write one self-contained HTML page "
+                                                               "(- for standard output)")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the full report as JSON (- for "
+                                                               "standard output)")
     p.add_argument("--fail-on", default=None, metavar="RULES",
                    help="e.g. 'length_bias>0.65,alpha<0.2,gap>0.05' (names: length_bias, slope, "
                         "alpha, agreement, gap, entropy_floor, bt_floor, cyclic_triads, or a dotted "
