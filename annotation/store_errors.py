@@ -51,7 +51,8 @@ def _bradley_args(argv: list[str]) -> list[str] | None:
     for i, arg in enumerate(argv[:3]):
         if Path(arg).name == "bradley":
             return argv[i + 1:]
-        if arg == "-m" and i + 1 < len(argv) and argv[i + 1] in ("service.cli", "service.cli.main"):
+        # `python -m service.cli[.main]`: matched by its package, as a command line, not an import
+        if arg == "-m" and i + 1 < len(argv) and argv[i + 1].partition(".")[0] == "service":
             return argv[i + 2:]
     return None
 
