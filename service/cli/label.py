@@ -102,21 +102,6 @@ def _check_models(args) -> None:
         check_model_ref(args.generate, "--generate", causal=True, fix=fix)
 
 
-def write_judgments(store, rows: list[dict], source: str) -> tuple[int, str | None]:
-    """(judgments written, batch id) of `rows` ingested into the store, or posted to the server
-    that holds it (there, one batch per upload: the ids joined by commas)."""
-    from service.cli.stores import is_remote
-
-    if is_remote(store):
-        answers = store.upload("judgments", rows)
-        return (sum(a.get("rows_ok") or 0 for a in answers),
-                ",".join(str(a.get("batch_id")) for a in answers))
-    from annotation.ingest.batch import ingest_records
-
-    result = ingest_records(store, rows, fmt="judgments", source=source)
-    return result.rows_ok, result.batch_id
-
-
 def _judge(args, constitution):
     from rm.judge import make_judge
     from rm.model import device as devices
@@ -185,6 +170,8 @@ def _write(store, constitution, comparisons, probs, rater, failures, judge) -> d
             ties += collapsed_winner(p["ab"], p["ba"]) == "tie"
     written, batch = 0, None
     if rows:
+        from service.cli.stores import write_judgments
+
         written, batch = write_judgments(store, rows, f"rlaif:{constitution.name}")
     return {"pairs_judged": len(comparisons), "judgments_written": written,
             "forwards": getattr(judge, "forwards", None),

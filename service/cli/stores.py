@@ -41,6 +41,19 @@ def is_remote(store) -> bool:
     return isinstance(store, RemoteStore)
 
 
+def write_judgments(store, rows: list[dict], source: str) -> tuple[int, str | None]:
+    """(judgments written, batch id) of `rows` ingested into the store, or posted to the server
+    that holds it (there, one batch per upload: the ids joined by commas)."""
+    if is_remote(store):
+        answers = store.upload("judgments", rows)
+        return (sum(a.get("rows_ok") or 0 for a in answers),
+                ",".join(str(a.get("batch_id")) for a in answers))
+    from annotation.ingest.batch import ingest_records
+
+    result = ingest_records(store, rows, fmt="judgments", source=source)
+    return result.rows_ok, result.batch_id
+
+
 class RemoteStore:
     """The reads and writes commands make of a store, through a server that holds it. Errors are
     the CLI's: a refusal is a ValueError with the server's message, an unreachable server an
