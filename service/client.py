@@ -5,26 +5,19 @@ own packages and nothing of bradley's server (the async client uses httpx when i
     client = ScoreClient("http://127.0.0.1:8000")
     client.score(["What is 2+2?"] * 2, ["4", "5"])            # -> [1.3, -0.4]
 
-Adapters (docs/trainers.md):
-- TRL GRPO: `GRPOTrainer(reward_funcs=[trl_reward_func("http://host:8000")], ...)`; TRL calls it as
-  `reward_func(prompts=..., completions=..., **dataset_columns)` with plain or conversational data.
-- verl: `custom_reward_function.path=<this file> custom_reward_function.name=compute_score` (naive
-  reward manager), or `name=compute_score_batch` with `reward_model.reward_manager=batch` (one HTTP
-  request per batch). The server comes from BRADLEY_URL (default http://127.0.0.1:8000), the key from
-  BRADLEY_API_KEY, and the prompt from `extra_info` under the first of PROMPT_KEYS it carries.
-  Without a prompt they raise (a reward that ignores the question trains the wrong policy) unless
-  BRADLEY_ALLOW_EMPTY_PROMPT=1.
-- OpenRLHF: no adapter needed, `--remote_rm_url http://host:8000/get_reward`.
+Adapters, with the trainers' exact command lines in docs/trainers.md: `trl_reward_func` (TRL's GRPO
+reward function), `compute_score` and `compute_score_batch` (verl's custom reward function; the server
+from BRADLEY_URL, the key from BRADLEY_API_KEY, the prompt from `extra_info` under the first of
+PROMPT_KEYS, and without one they raise unless BRADLEY_ALLOW_EMPTY_PROMPT=1); OpenRLHF needs none
+(`--remote_rm_url http://host:8000/get_reward`).
 
 Per-item fields that a verifier may use (FORWARDED: ground_truth, verifier, data_source) travel with
 each item when the trainer supplies them; keywords that mean nothing here are accepted and ignored.
 Transient failures (connection errors, 502/503/504) are retried with exponential back-off; a 4xx
 raises ClientError carrying the server's message and field at once.
 
-A batch larger than one request may hold goes as several (whole groups each): the server's
-GET /limits, asked once, gives the items per request, the body limit and, for a caller without a
-key, the characters per request and requests in flight. A body over the limit is refused here as
-413 naming it, rather than sent and cut off by the server mid-upload ("connection reset").
+A batch larger than one request may hold goes as several, of whole groups, by the server's
+GET /limits (asked once); a body over the limit is refused here as 413 naming it.
 """
 
 from __future__ import annotations
