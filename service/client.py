@@ -65,12 +65,8 @@ def score_body(prompts, responses, group_size=None, advantage=None, extras=None)
         for item, value in zip(items, values, strict=True):
             if value is not None:
                 item[key] = value
-    body: dict = {"items": items}
-    if group_size is not None:
-        body["group_size"] = group_size
-    if advantage is not None:
-        body["advantage"] = advantage
-    return body
+    options = {"group_size": group_size, "advantage": advantage}
+    return {"items": items, **{k: v for k, v in options.items() if v is not None}}
 
 
 def request_chunks(sizes: list[tuple[int, int]], group_size: int | None, max_items: int,
