@@ -33,11 +33,25 @@ class SnapshotQueries:
     """Store methods about snapshots (mixed into annotation.store.Store, which owns `con`)."""
 
     def create_snapshot(self, raters: str | None = None, if_any: bool = False) -> str | None:
-        """Freeze what a run reads: the rater filter and the newest batch now in the store. With
-        `if_any`, a filter that matches no judgment records nothing and gives None."""
+        """Freeze what a run reads: the rater filter and the newest batch now in the store. The
+        same filter with no batch since is the same data: the newest such snapshot is given again
+        rather than a new one recorded. With `if_any`, a filter that matches no judgment records
+        nothing and gives None.
+
+        >>> from annotation.store import Store
+        >>> from annotation.ingest.batch import ingest_records
+        >>> store = Store(":memory:")
+        >>> _ = ingest_records(store, [{"prompt": "p", "response_a": "x", "response_b": "y", "winner": "a"}])
+        >>> store.create_snapshot() == store.create_snapshot(), len(store.snapshots())
+        (True, 1)
+        """
         prefix = rater_prefix(raters)
         max_seq = self.con.execute("SELECT coalesce(max(seq), 0) FROM batches").fetchone()[0]
         filt = {"rater_prefix": prefix, "max_batch_seq": max_seq}
+        same = self.con.execute("SELECT id FROM snapshots WHERE CAST(filter AS VARCHAR) = ? "
+                                "ORDER BY created_at DESC, id LIMIT 1", [canonical_json(filt)]).fetchone()
+        if same is not None:
+            return same[0]
         n = self.con.execute("SELECT count(*) FROM judgments_in(?, ?)", [max_seq, prefix]).fetchone()[0]
         if if_any and n == 0:
             return None

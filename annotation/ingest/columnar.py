@@ -25,6 +25,8 @@ FAST_COLUMNS = {  # formats the columnar path handles: input column -> staged co
 }
 FAST_KNOWN = {"judgments": formats.JUDGMENT_KEYS, "trl": formats.TRL_KEYS}
 OPTIONAL_TEXT = ("id", "rater", "source", "rationale", "model_a", "model_b")
+# formats.BLANK_RATER in RE2, with every character Python's \s takes (Unicode spaces, U+0085)
+BLANK_RATER = r"^(?:human:|ai:)?[\s\p{Z}\x{85}\x{1c}-\x{1f}]*$"
 
 
 class NeedsPrecise(Exception):
@@ -86,12 +88,13 @@ def _optional_text(column, n: int) -> pa.Array:
 
 def _raters(column: pa.Array, given) -> pa.Array:
     """formats.rater on a column: text only (an integer column is a number per row, refused there),
-    at most RATER_MAX_CHARS, no control characters, no bare prefix."""
+    at most RATER_MAX_CHARS, no control characters, no bare prefix, not spaces alone."""
     _require(given is None or pa.types.is_null(given.type) or _is_text(given))
     if column.null_count < len(column):
         _require(pc.max(pc.utf8_length(column)).as_py() <= formats.RATER_MAX_CHARS)
         _require(not pc.any(pc.match_substring_regex(column, formats.CONTROL_CHARS.pattern)).as_py())
         _require(not pc.any(pc.is_in(column, pa.array(formats.RATER_PREFIXES))).as_py())
+        _require(not pc.any(pc.match_substring_regex(column, BLANK_RATER)).as_py())
     column = pc.fill_null(column, formats.ANONYMOUS)
     known = pc.or_(pc.starts_with(column, "human:"), pc.starts_with(column, "ai:"))
     return pc.if_else(known, column, pc.binary_join_element_wise("human:", column, ""))

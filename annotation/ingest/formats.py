@@ -33,6 +33,7 @@ RATER_PREFIXES = ("human:", "ai:")
 WINNERS = ("a", "b", "tie")
 RATER_MAX_CHARS = 200
 CONTROL_CHARS = re.compile(r"[\x00-\x1f\x7f]")
+BLANK_RATER = re.compile(r"(?:human:|ai:)?\s*")  # spaces alone (after a prefix) name nobody
 STRENGTH_MAX = 10.0  # the largest Bradley-Terry margin a judgment may carry (formats.strength says why)
 HH_MARKER = "\n\nAssistant:"
 
@@ -161,11 +162,15 @@ def rater(row: dict, field: str = "rater") -> str:
     """`human:<id>` | `ai:<model>:<constitution>`; a bare id means a human; none means anonymous.
     A rater is text: a number or a list is refused rather than stored as `human:7` or `human:['x']`
     (a number may be a spreadsheet's row index as easily as a user id); so are control characters
-    (raters are shown in reports and metrics labels), more than RATER_MAX_CHARS characters, and a
-    prefix with no id after it.
+    (raters are shown in reports and metrics labels), more than RATER_MAX_CHARS characters, a
+    prefix with no id after it, and spaces alone (stored as `human:   ` they would name nobody).
 
     >>> rater({"rater": "alice"}), rater({})
     ('human:alice', 'human:anonymous')
+    >>> rater({"rater": "   "})
+    Traceback (most recent call last):
+    ...
+    annotation.ingest.formats.RowError: rater: '   ' is only spaces; give a rater id such as alice or human:alice, or leave the field empty for an anonymous rater
     >>> try:
     ...     rater({"rater": 7})
     ... except RowError as exc:
@@ -181,6 +186,9 @@ def rater(row: dict, field: str = "rater") -> str:
     if len(value) > RATER_MAX_CHARS or CONTROL_CHARS.search(value) or value in RATER_PREFIXES:
         raise RowError(field, f"{value!r:.60} is not a rater id: at most {RATER_MAX_CHARS} characters, "
                        "no control characters, and an id after human: or ai:")
+    if BLANK_RATER.fullmatch(value):
+        raise RowError(field, f"{value!r:.60} is only spaces; give a rater id such as alice or "
+                       "human:alice, or leave the field empty for an anonymous rater")
     return value if value.startswith(RATER_PREFIXES) else f"human:{value}"
 
 

@@ -66,6 +66,44 @@ def surrogate_field(row: dict) -> str | None:
     return None
 
 
+class LongInteger(str):
+    """A JSON integer with more digits than Python turns into an int (sys.get_int_max_str_digits,
+    4,300 by default): kept as its digits, so that the row holding it is named, not the file."""
+
+
+def parse_int(digits: str) -> int | LongInteger:
+    """json.loads' `parse_int`: an int, or a LongInteger where int() refuses the length.
+
+    >>> parse_int("12"), type(parse_int("9" * 5000)).__name__
+    (12, 'LongInteger')
+    """
+    try:
+        return int(digits)
+    except ValueError:
+        return LongInteger(digits)
+
+
+def long_integer_problem(row: dict) -> str | None:
+    """`field: problem` for the first top-level field holding a LongInteger at any depth; None when
+    there is none.
+
+    >>> long_integer_problem({"prompt": "p", "strength": [parse_int("1" * 5000)]})
+    'strength: a number of 5,000 digits, more than any field takes; fix the value in the source'
+    """
+    for key, value in row.items():
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, LongInteger):
+                return (f"{key}: a number of {len(item.lstrip('-')):,} digits, more than any field "
+                        "takes; fix the value in the source")
+            if isinstance(item, dict):
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+    return None
+
+
 SURROGATE_PROBLEM = ("holds a lone surrogate such as \\ud800 (half of a UTF-16 pair), which is not "
                      "valid Unicode text; fix the escape in the source")
 DEEP_JSON_PROBLEM = "json: nested too deeply for the JSON parser; flatten the row"

@@ -22,6 +22,7 @@ import csv
 import gzip
 import io
 import json
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,11 +33,14 @@ from annotation.ingest.read_errors import (
     DEEP_JSON_PROBLEM,
     SURROGATE_PROBLEM,
     encodes,
+    long_integer_problem,
+    parse_int,
     surrogate_field,
     utf8_problem,
 )
 
 GZIP_MAGIC = b"\x1f\x8b"
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass
@@ -60,6 +64,8 @@ def jsonl_records(path: Path) -> Iterator[Record]:
     row = 0
     with open_binary(path) as fh:
         for line, data in enumerate(fh, 1):
+            if line == 1 and data.startswith(UTF8_BOM):  # editors on Windows begin files with one
+                data = data[len(UTF8_BOM):]
             if not data.strip():
                 continue
             row += 1
@@ -74,7 +80,7 @@ def jsonl_records(path: Path) -> Iterator[Record]:
 
 def _parse_json(row: int, line: int, raw: str) -> Record:
     try:
-        value = json.loads(raw)
+        value = json.loads(raw, parse_int=parse_int)
     except json.JSONDecodeError as exc:
         return Record(row, line, None, raw, f"json: not valid JSON ({exc.msg} at column {exc.colno})")
     except RecursionError:
@@ -83,6 +89,8 @@ def _parse_json(row: int, line: int, raw: str) -> Record:
         return Record(row, line, None, raw, f"row: expected a JSON object, got {type(value).__name__}")
     if "\\u" in raw and (name := surrogate_field(value)):  # only an escape can make one
         return Record(row, line, None, raw, f"{name}: {SURROGATE_PROBLEM}")
+    if len(raw) > sys.get_int_max_str_digits() and (problem := long_integer_problem(value)):
+        return Record(row, line, None, raw[:10_000], problem)
     return Record(row, line, value, raw)
 
 
@@ -90,7 +98,7 @@ def json_records(path: Path) -> Iterator[Record]:
     with open_binary(path) as fh:
         data = fh.read()
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = json.loads(data.decode("utf-8-sig"), parse_int=parse_int)
     except UnicodeDecodeError as exc:
         line, start = data.count(b"\n", 0, exc.start) + 1, data.rfind(b"\n", 0, exc.start) + 1
         end = data.find(b"\n", exc.start)
@@ -113,6 +121,8 @@ def _value_record(row: int, value) -> Record:
         return Record(row, row, None, "", DEEP_JSON_PROBLEM)
     if not isinstance(value, dict):
         return Record(row, row, None, raw, f"row: expected an object, got {type(value).__name__}")
+    if len(raw) > sys.get_int_max_str_digits() and (problem := long_integer_problem(value)):
+        return Record(row, row, None, raw[:10_000], problem)
     if not encodes(raw):
         return Record(row, row, None, raw.encode("utf-8", "replace").decode(),
                       f"{surrogate_field(value)}: {SURROGATE_PROBLEM}")

@@ -78,3 +78,17 @@ def test_rows_through_the_server_then_the_file_adds_nothing(tmp_path, shared_dat
     assert judgments(db) == sent > 0
     rows = [json.loads(line) for line in open(mt)]
     assert sent == len({json.dumps(r, sort_keys=True) for r in rows})  # every distinct vote, once
+
+
+def test_a_utf8_bom_file_through_the_server_stores_what_a_direct_ingest_stores(tmp_path, shared_data, serve):
+    rows = [json.loads(line) for line in open(copy_head(shared_data, MTBENCH, 30, tmp_path / "mt.jsonl"))]
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    direct = tmp_path / "direct.duckdb"
+    assert main(["--db", str(direct), "ingest", str(path)]) == 0
+    live = serve(tmp_path / "served.duckdb")
+    assert main(["--server", live.url, "ingest", str(path)]) == 0
+    served = live.service.call_store(
+        lambda: sorted(live.service.store.con.execute("SELECT id FROM judgments").fetchall()))
+    con = duckdb.connect(str(direct), read_only=True)
+    assert served == sorted(con.execute("SELECT id FROM judgments").fetchall()) and len(served) == 30
