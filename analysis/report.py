@@ -212,8 +212,11 @@ def _self_comparison_findings(report: dict) -> list[tuple[str, bool]]:
 def verdict(report: dict) -> dict:
     """A headline and the findings behind it, one per problem (`problem[i]` says whether finding i
     is one), so the headline counts exactly the problems the list shows."""
-    parts = [*_length_findings(report["length_bias"]), *_agreement_findings(report["agreement"]),
-             *_cycles_findings(report["cycles"]), *_self_comparison_findings(report)]
+    from analysis import hidden_bias
+
+    parts = [*_length_findings(report["length_bias"]), *hidden_bias.findings(report["length_bias"]),
+             *_agreement_findings(report["agreement"]), *_cycles_findings(report["cycles"]),
+             *_self_comparison_findings(report)]
     problems = sum(bad for _, bad in parts)
     headline = {0: "Looks usable for training.", 1: "Usable with care: one problem to look at."}.get(
         problems, f"Fix the data first: {problems} problems.")
