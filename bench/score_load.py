@@ -69,8 +69,8 @@ sys.path.insert(0, str(ROOT))
 from bench.ceiling import offline_rate  # noqa: E402
 from bench.common import spawn, stop  # noqa: E402
 from bench.load import CLIENTS, drive, drive_measured  # noqa: E402
-from service.cli.ports import free_port  # noqa: E402  (after the path line, as the script runs)
 from service.engine.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING  # noqa: E402
+from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
 
 CUT = 300
 MODELS = {  # name -> build_tiny_reward_model arguments, requests per phase at scale 1

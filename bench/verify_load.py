@@ -40,7 +40,7 @@ import orjson
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.common import post, process_cpu, spawn, stop  # noqa: E402
-from service.cli.ports import free_port  # noqa: E402
+from service.ports import free_port  # noqa: E402
 
 KEY = "bench-verify-load-key-0123"
 

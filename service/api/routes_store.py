@@ -1,5 +1,5 @@
 """Routes that let a command work beside a running server, which owns the store's one DuckDB writer
-(`bradley --server URL export|train|eval|label|snapshots|models register`, service/cli/stores.py):
+(`bradley --server URL export|train|eval|label|snapshots|models register`, service/remote/stores.py):
 snapshots, a snapshot's rows as Arrow IPC or Parquet, model registration and the reference
 log-prob cache. Every one needs `Authorization: Bearer <key>` (`caller: Keyed`): rows and paths
 describe the operator's data. And `GET /limits`, open to all: what one request may hold, so that a

@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from annotation.simulate import BAD_WORDS, GOOD_WORDS
-from service.cli.ports import free_port
+from service.ports import free_port
 
 # The demo's reward model learns the simulator's signal: quality shows as the share of good words
 # (clear, tested, correct…) against bad ones (vague, sloppy, garbled…), and each bad word has the

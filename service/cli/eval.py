@@ -5,7 +5,7 @@ its rules (rm/eval/benchmarks.py).
 The model is a store id or a folder, loaded here; with `--server URL` the same file is scored through
 that running `bradley serve`'s /score instead, after checking that it serves MODEL, so a served model
 gets the numbers the local one gets, and without `--data` the validation split of the model's
-snapshot comes from that server's store (service/cli/stores.py). A progress bar counts the responses
+snapshot comes from that server's store (service/remote/stores.py). A progress bar counts the responses
 scored when stderr is a terminal. The last stdout line is the JSON result; a table goes to stderr
 and `--html OUT` writes a page with a per-subset bar chart (service/cli/eval_html.py).
 """
@@ -51,7 +51,7 @@ def run(args) -> int:
         raise ValueError("--reference-stats reads hidden states of pairs: load the model here "
                          "(no --server) and evaluate pairs (no --benchmark)")
     if args.server:
-        from service.cli.remote import server
+        from service.remote.commands import server
 
         with server(args.server, f"eval through {args.server}") as client:
             scorer = ServedScorer(client, expected_model_id(args.model))
@@ -135,7 +135,7 @@ def _write_reference_stats(args, model, folder: str, config: dict, rows: list[di
 def _training_rows(args, config: dict) -> list[dict]:
     """The pairs of the model's snapshot that training learned from."""
     from rm.train.reward_data import split_of
-    from service.cli.stores import open_store
+    from service.remote.stores import open_store
 
     with open_store(args, read_only=True) as store:
         rows = store.pairs(config["snapshot_id"]).to_pylist()
@@ -165,8 +165,8 @@ def check_model_folder(folder: str) -> None:
 def _registered(args, model_id: str) -> tuple[str, dict]:
     """(folder, train config) of a registered model, its weights checked against the registry."""
     from rm.model.reward_model import TRAIN_CONFIG, read_json
-    from service.cli.stores import open_store
     from service.engine.registry import check_row
+    from service.remote.stores import open_store
 
     with open_store(args, read_only=True) as store:
         row = store.model(model_id)
@@ -177,7 +177,7 @@ def _registered(args, model_id: str) -> tuple[str, dict]:
 def _served_config(args) -> dict:
     """The train config of the model a server serves: its folder's here, or its registered row's."""
     from rm.model.reward_model import TRAIN_CONFIG, read_json
-    from service.cli.stores import open_store
+    from service.remote.stores import open_store
 
     if Path(args.model).is_dir():
         return read_json(Path(args.model) / TRAIN_CONFIG)
@@ -188,7 +188,7 @@ def _served_config(args) -> dict:
 def _validation_rows(args, config: dict) -> list[dict]:
     """The pairs of the model's snapshot that training held out."""
     from rm.eval.pairs import validation_split
-    from service.cli.stores import open_store
+    from service.remote.stores import open_store
 
     if not config.get("snapshot_id"):
         raise ValueError("the model records no snapshot to take a validation split from; "

@@ -3,7 +3,7 @@
 The edge composes the layers: store → comparisons → judge prompts (annotation.rlaif.constitution) → judge
 (rm.judge.local) → judgment rows, both presentation orders (annotation.rlaif.orders) → one ingest batch
 (source `rlaif`). With `--server URL` the comparisons come from that running server's store and the
-verdicts go to its POST /judgments (service/cli/stores.py), as uploads of at most 4 MiB. Nothing is written until every comparison is judged, so a bad judge or a dead
+verdicts go to its POST /judgments (service/remote/stores.py), as uploads of at most 4 MiB. Nothing is written until every comparison is judged, so a bad judge or a dead
 server leaves the store as it was. The last stdout line is one JSON object: pairs judged, judgments
 written, forwards, seconds, pairs/s, position consistency, ties, failures and the rater id.
 """
@@ -56,7 +56,7 @@ def run(args) -> int:
         raise ValueError("--limit must be at least 1")
     constitution = load_constitution(args.constitution)
     _check_models(args)
-    from service.cli.stores import open_store
+    from service.remote.stores import open_store
 
     rater = constitution.rater(_model_name(args), ":revise" if args.revise else "")
     # the store before the judge loads: a missing or locked store fails first; --generate makes
@@ -170,7 +170,7 @@ def _write(store, constitution, comparisons, probs, rater, failures, judge) -> d
             ties += collapsed_winner(p["ab"], p["ba"]) == "tie"
     written, batch = 0, None
     if rows:
-        from service.cli.stores import write_judgments
+        from service.remote.stores import write_judgments
 
         written, batch = write_judgments(store, rows, f"rlaif:{constitution.name}")
     return {"pairs_judged": len(comparisons), "judgments_written": written,

@@ -58,7 +58,7 @@ def generate_comparisons(args) -> list:
 
 def revise(store, judge, constitution, comparisons, rater, args) -> dict:
     from annotation.rlaif.orders import critique_prompt, plan, revision_prompt
-    from service.cli.stores import write_judgments
+    from service.remote.stores import write_judgments
 
     if not hasattr(judge, "model"):
         raise ValueError("--revise needs a local judge (local:PATH): it writes text with the model")

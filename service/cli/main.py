@@ -21,8 +21,8 @@ from service.cli import models as cli_models
 from service.cli import snapshots as cli_snapshots
 from service.cli import train as cli_train
 from service.cli import watch as cli_watch
-from service.cli.ports import PortInUse
-from service.cli.stores import open_store
+from service.ports import PortInUse
+from service.remote.stores import open_store
 
 # Exit statuses (docs/getting-started.md lists them): 0 done, 1 an error (one line on stderr), 2 a
 # command line argparse refused or a feature not in this release, 3 a `report --fail-on` rule
@@ -183,7 +183,7 @@ def _add_serve(sub) -> None:
 def cmd_serve(args) -> int:
     from service.api import app
     from service.api.settings import load_settings
-    from service.cli.ports import PortInUse, check_port
+    from service.ports import PortInUse, check_port
 
     settings = load_settings(host=args.host, port=args.port)
     check_port(settings.host, settings.port)  # before the store and the model are loaded
@@ -209,7 +209,7 @@ def cmd_demo(args) -> int:
 
 
 # Commands that work through a running `bradley serve` with --server URL: ingest and report in
-# service/cli/remote.py, the others read and write through service/cli/stores.py's RemoteStore.
+# service/remote/commands.py, the others read and write through service/remote/stores.py's RemoteStore.
 SERVER_COMMANDS = ("ingest", "report", "export", "train rm", "train po", "eval", "label",
                    "snapshots", "models list", "models register", "watch")
 REMOTE_HANDLERS = ("ingest", "report")
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"the server's other routes are in the manual's HTTP reference (docs/)", file=sys.stderr)
             return EXIT_ERROR
         if args.command in REMOTE_HANDLERS:
-            from service.cli import remote as cli_server
+            from service.remote import commands as cli_server
 
             handler = getattr(cli_server, args.command)
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from service.cli.stores import is_remote, open_store
+from service.remote.stores import is_remote, open_store
 
 
 def add(sub) -> None:

@@ -35,7 +35,7 @@ def rows(snapshots: list[dict]) -> list[tuple[str, ...]]:
 
 
 def run(args) -> int:
-    from service.cli.stores import open_store
+    from service.remote.stores import open_store
 
     with open_store(args, read_only=True) as store:
         snapshots = store.snapshots()

@@ -7,7 +7,7 @@ rank 0), hands the reference-log-prob cache to policy runs, and registers the pu
 (service/engine/registry.py: refuses a registered `--out` unless `--overwrite`, which retires the older id).
 
 The store is the `--db` file, or with `--server URL` the store of a running `bradley serve`
-(service/cli/stores.py): the snapshot is taken and its rows streamed from the server, training runs
+(service/remote/stores.py): the snapshot is taken and its rows streamed from the server, training runs
 here, and the model is registered through the server's POST /models. When the file is locked by the
 time training ends, the weights stay where they were published and the error says how to register
 them (`bradley models register FOLDER`).
@@ -19,7 +19,7 @@ import json
 import sys
 from collections.abc import Callable
 
-from service.cli.stores import open_store
+from service.remote.stores import open_store
 
 LOSSES = ("dpo", "ipo", "kto", "simpo", "orpo")
 

@@ -41,7 +41,7 @@ def add(sub) -> None:
 def run(args) -> int:
     if not args.server:
         raise ValueError("watch reads a running server: `bradley --server URL watch`")
-    from service.cli.remote import server
+    from service.remote.commands import server
 
     with server(args.server, "watch") as client:
         watched = client.request("GET", "/watch")

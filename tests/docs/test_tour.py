@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli.ports import free_port
+from service.ports import free_port
 from tests.docs.pages import ROOT, blocks, section
 
 HEADING = "A ten-minute tour on real data"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cli.ports import free_port
+from service.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-0123456789"

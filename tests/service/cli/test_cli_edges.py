@@ -15,8 +15,8 @@ import sys
 import pytest
 
 from service.api.settings import load_settings
-from service.cli import remote as cli_server
 from service.cli.main import EXIT_PORT_IN_USE, main
+from service.remote import commands as cli_server
 from tests.service.conftest import API_KEY, ROOT, free_port, make_db, start_live, stop_live
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}

@@ -12,7 +12,7 @@ import duckdb
 import pytest
 
 from service.cli.main import main
-from service.cli.ports import free_port
+from service.ports import free_port
 from tests.service.conftest import API_KEY, start_live, stop_live
 
 HH = "hh-rlhf/harmless-base-test.jsonl.gz"

@@ -11,8 +11,8 @@ import json
 import duckdb
 import pytest
 
-from service.cli import remote as cli_server
 from service.cli.main import main
+from service.remote import commands as cli_server
 from tests.service.conftest import API_KEY, HH_FILE
 
 

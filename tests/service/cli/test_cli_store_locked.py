@@ -20,7 +20,7 @@ import pytest
 
 from service.cli import train as cli_train
 from service.cli.main import main
-from service.cli.ports import free_port
+from service.ports import free_port
 from tests.service.conftest import HH_FILE, ROOT
 
 TRAIN = ["--base-model", "tiny", "--device", "cpu", "--steps", "2", "--batch-size", "4",

@@ -16,7 +16,7 @@ import pytest
 from annotation.store import Store
 from rm.model.weights import weights_sha256
 from service.cli import main as cli
-from service.cli.ports import free_port
+from service.ports import free_port
 from tests.rm.train.test_train import synthetic_pairs, write_pairs
 
 

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 
 from service.cli import main as cli
-from service.cli.ports import free_port
 from service.client import ScoreClient
+from service.ports import free_port
 from tests.service.conftest import ROOT, make_db
 
 

@@ -138,7 +138,7 @@ class RemoteStore:
     def upload(self, route: str, rows: list[dict]) -> list[dict]:
         """POST `rows` to /judgments, /pairs or /feedback in uploads under the body limit (the
         path of `bradley --server URL ingest`); the server's answer to each."""
-        from service.cli.remote import UPLOAD_BYTES, chunks, post
+        from service.remote.commands import UPLOAD_BYTES, chunks, post
 
         with translated(self.url):
             return [answer for upload in chunks(rows, UPLOAD_BYTES)
