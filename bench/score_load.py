@@ -47,6 +47,14 @@ could gain here. On a GPU a single-row forward leaves the device mostly idle.
 
     nice -n 10 .venv/bin/python bench/score_load.py [--scale 1.0]
 
+`--watch` measures the reward-hacking watch instead (service/engine/watch.py), per model of
+`--watch-models` (default tiny and 5m, each a figure set of its own):
+`bradley serve` with BRADLEY_WATCH=off and =on, alternately, twice each (single-sample and 8-item
+requests, same clients); `watch_ratio` is items/s with the watch over items/s without (mean of the
+runs). Then a 3-member ensemble of the same shape (seeds 0, 1, 2: one tokenizer, one lane, a
+forward per member per batch), watch on: `ensemble_ratio_vs_single` and the cost per member and
+item, served (`per_member_ms_per_item`) and in forwards (`forward_ms_per_item_per_member`).
+
 `--model FOLDER --device cuda` benchmarks one given reward-model folder instead of the two built ones
 (bench/gpu/run.sh does this on a GPU with a 135M model); `--requests N` sets every phase to N
 requests, `--offline-seconds S` shortens the ceiling's timing and `--items N` cycles through N items
@@ -105,9 +113,11 @@ def start(argv: list[str], port: int, env: dict | None = None) -> subprocess.Pop
 
 
 def serve_argv(folder: str, port: int) -> list[str]:
-    """`bradley serve` of one model folder, read-only, on `port`."""
-    return [sys.executable, "-m", "service.cli", "--db", str(Path(folder).parent / "none.duckdb"),
-            "serve", "--read-only", "--port", str(port), "--model", folder]
+    """`bradley serve` of one model folder (an ensemble: folders joined by commas), read-only, on
+    `port`."""
+    folders = folder.split(",")
+    return [sys.executable, "-m", "service.cli", "--db", str(Path(folders[0]).parent / "none.duckdb"),
+            "serve", "--read-only", "--port", str(port), *(a for f in folders for a in ("--model", f))]
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -258,6 +268,62 @@ def summary(results: dict, args) -> dict:
         "models": results}
 
 
+def with_reference_stats(folder: Path, items: list) -> str:
+    """`folder` with the reference statistics the watch and ensembles need (half the items fit the
+    latent statistics, the other half are the validation side)."""
+    from rm.model.reference_stats import compute_reference_stats, write_reference_stats
+    from rm.model.reward_model import RewardModel
+
+    half = len(items) // 2
+    write_reference_stats(folder, compute_reference_stats(
+        RewardModel.load(folder, device="cpu"), items[:half], items[half:]))
+    return str(folder)
+
+
+def watch_cost(name: str, items: list, args, tmp: str) -> dict:
+    """Served items/s with the watch off and on, alternately, and of a 3-member ensemble."""
+    from rm.model.reward_model import build_tiny_reward_model
+
+    shape, requests = MODELS[name]
+    n = {k: args.requests or max(CLIENTS, int(v * args.scale)) for k, v in requests.items()}
+    texts = [p + " " + r for p, r in items]
+    folders = [with_reference_stats(build_tiny_reward_model(Path(tmp) / f"{name}-seed{seed}", texts,
+                                                            seed=seed, **shape), items)
+               for seed in (0, 1, 2)]
+    env = {"BRADLEY_MAX_BATCH_TOKENS": str(args.batch_tokens), "BRADLEY_LOG_LEVEL": "warning",
+           "BRADLEY_DEVICE": args.device, "BRADLEY_TORCH_THREADS": str(args.torch_threads),
+           "OMP_NUM_THREADS": str(args.torch_threads)}
+    runs = {"off": [], "on": []}
+    for mode in ("off", "on", "off", "on"):
+        runs[mode].append(served(folders[0], items, n, env | {"BRADLEY_WATCH": mode}))
+    ensemble = served(",".join(folders), items, n, env | {"BRADLEY_WATCH": "on"})
+    return {"watch_off": runs["off"], "watch_on": runs["on"], "ensemble_3": ensemble,
+            **watch_ratios(runs, ensemble)}
+
+
+def watch_ratios(runs: dict, ensemble: dict) -> dict:
+    """The watch's and the ensemble's figures from their phases.
+
+    >>> one = {"single": {"items_per_s": 100.0, "forward_items_per_s": 400.0},
+    ...        "batch8": {"items_per_s": 200.0}}
+    >>> watch_ratios({"off": [one, one], "on": [one]}, {"single": {"items_per_s": 40.0,
+    ...              "forward_items_per_s": 150.0}})["ensemble_ratio_vs_single"]
+    0.4
+    """
+    def mean(mode, phase, key="items_per_s"):
+        return sum(r[phase][key] for r in runs[mode]) / len(runs[mode])
+
+    single = ensemble["single"]
+    return {"watch_ratio": round(mean("on", "single") / mean("off", "single"), 3),
+            "watch_ratio_batch8": round(mean("on", "batch8") / mean("off", "batch8"), 3),
+            "ensemble_ratio_vs_single": round(single["items_per_s"] / mean("on", "single"), 3),
+            "per_member_ms_per_item": round(1000 / single["items_per_s"] / 3, 3),
+            "single_ms_per_item": round(1000 / mean("on", "single"), 3),
+            "forward_ms_per_item_per_member": round(1000 / single["forward_items_per_s"] / 3, 3),
+            "single_forward_ms_per_item": round(
+                1000 / mean("on", "single", "forward_items_per_s"), 3)}
+
+
 def progress(name: str, figures: dict) -> dict:
     """One stderr line per benched model: a run cut short by a time limit still shows them."""
     print(f"score_load: {name}: ratio_vs_offline {figures['ratio_vs_offline']}, 8-item "
@@ -285,6 +351,9 @@ def main() -> None:
                         help="timing of each offline (ceiling) run")
     parser.add_argument("--items", type=int, default=1000,
                         help="hh-rlhf items the clients cycle through and the ceiling scores")
+    parser.add_argument("--watch", action="store_true",
+                        help="measure the watch (off vs on) and a 3-member ensemble instead")
+    parser.add_argument("--watch-models", default="tiny,5m", help="models --watch measures")
     args = parser.parse_args()
     if args.batch_tokens is None:
         args.batch_tokens = AUTO_BATCH_TOKENS["cuda"] if args.device.startswith("cuda") else 4096
@@ -294,6 +363,15 @@ def main() -> None:
 
     torch.set_num_threads(args.torch_threads)
     items = hh_items(args.items)
+    if args.watch:
+        with tempfile.TemporaryDirectory() as tmp:
+            figures = {name: watch_cost(name, items, args, tmp)
+                       for name in args.watch_models.split(",")}
+        print(json.dumps({"bench": "score_load", "phase": "watch", "device": args.device,
+                          "clients": CLIENTS, "torch_threads": args.torch_threads,
+                          "scale": args.scale, "cpu_count": os.cpu_count(),
+                          "load_avg_1m_at_end": round(os.getloadavg()[0], 2), "models": figures}))
+        return
     if args.model:
         requests = MODELS["tiny"][1]   # the larger counts: a GPU serves faster than these CPUs
         name = Path(args.model).name
