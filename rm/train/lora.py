@@ -13,7 +13,8 @@ B ∈ R^{d×r}, B = 0 at the start, so a run begins exactly at its base model.
   with its adapters disabled (`peft_model.disable_adapter()`): no second copy of the weights.
 
 Merging reads the state dict, not the modules, so one function serves a plain, a DDP and an FSDP2
-model (whose shards are gathered first).
+model (whose shards are gathered first). A save writes the base weights and then overwrites each
+LoRA layer's weight with its merged one in the file, so it never holds a merged copy of the model.
 
     >>> LoraSettings(rank=16).scale, LoraSettings(rank=16, alpha=16).scale
     (2.0, 1.0)
@@ -24,7 +25,9 @@ model (whose shards are gathered first).
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -137,30 +140,56 @@ def head_name(hf_model) -> str:
                     "models need a sequence classifier")
 
 
-def merged_state_dict(hf_model) -> dict | None:
-    """The weights of `hf_model` (peft modules inside) as the plain model would hold them:
-    W + scale·B·A for every LoRA linear layer, the trained copy of each `modules_to_save` head
-    under the head's own name, everything else as it is (not copied). None on the ranks other
-    than 0 of a sharded model (every rank must call: the shards are gathered)."""
-    from peft.tuners.lora import LoraLayer
+def plain_state_dict(state: dict) -> dict:
+    """A peft model's state dict under the plain model's names, unmerged: each LoRA layer's
+    base weight as `<layer>.weight`, the trained copy of each `modules_to_save` head under the
+    head's own name, the adapters and the heads' frozen originals left out (nothing copied)."""
+    return {key.replace(".base_layer.", ".").replace(".modules_to_save.default.", "."): value
+            for key, value in state.items() if ".lora_" not in key and ".original_module." not in key}
 
-    state = devices.full_state_dict(hf_model)
-    if state is None:
-        state = hf_model.state_dict()
-    elif devices.rank() != 0:
-        return None
-    layers = {n: m for n, m in hf_model.named_modules() if isinstance(m, LoraLayer)}
-    merged = {}
-    for key, value in state.items():
-        if ".lora_" in key or ".original_module." in key:
-            continue
-        merged[key.replace(".base_layer.", ".").replace(".modules_to_save.default.", ".")] = value
-    for prefix, layer in layers.items():
-        a, b = state[f"{prefix}.lora_A.default.weight"], state[f"{prefix}.lora_B.default.weight"]
-        delta = (b.float() @ a.float()) * layer.scaling["default"]
-        base = state[f"{prefix}.base_layer.weight"]
-        merged[f"{prefix}.weight"] = (base.float() + (delta.T if layer.fan_in_fan_out else delta)).to(base.dtype)
-    return {k: v.detach() for k, v in merged.items()}
+
+def merged_weight(state: dict, prefix: str, layer) -> torch.Tensor:
+    """W + scale·B·A for the LoRA layer `prefix` of `state` (a peft model's state dict), in W's
+    dtype, computed in fp32 with one temporary beside the result."""
+    base = state[f"{prefix}.base_layer.weight"]
+    a, b = state[f"{prefix}.lora_A.default.weight"], state[f"{prefix}.lora_B.default.weight"]
+    delta = (b.float() @ a.float()).mul_(layer.scaling["default"])
+    merged = (delta.T if layer.fan_in_fan_out else delta).add_(base.float())
+    return merged.to(base.dtype).detach()
+
+
+def write_merged_weights(folder, state: dict, layers: dict) -> None:
+    """Overwrite, in the safetensors files of `folder` (written from `plain_state_dict(state)`),
+    each LoRA layer's base weight with its merged weight, one layer at a time: a merged weight has
+    the base weight's name, dtype and shape, so it takes the base weight's bytes in place and the
+    file stays the one `save_pretrained` laid out. At most one merged tensor lives at a time."""
+    pending = {f"{prefix}.weight": prefix for prefix in layers}
+    for path in sorted(Path(folder).glob("*.safetensors")):
+        entries, data_start = _safetensors_entries(path)
+        with open(path, "r+b") as f:
+            for name in pending.keys() & entries.keys():
+                prefix = pending.pop(name)
+                merged = merged_weight(state, prefix, layers[prefix]).cpu().contiguous()
+                start, end = entries[name]["data_offsets"]
+                if merged.nbytes != end - start:
+                    raise LoraError(f"{path}: {name} holds {end - start} bytes, its merged weight "
+                                    f"{merged.nbytes}; report the model's architecture")
+                f.seek(data_start + start)
+                f.write(merged.reshape(-1).view(torch.uint8).numpy())
+    if pending:
+        raise LoraError(f"{folder}: the saved model has no {sorted(pending)[:3]} to merge into "
+                        "(a layer tied to another is saved once); leave tied layers out of "
+                        "--lora-targets")
+
+
+def _safetensors_entries(path: Path) -> tuple[dict, int]:
+    """A safetensors file's header (tensor name → dtype, shape, data_offsets relative to the data)
+    and where its data begins: an 8-byte little-endian header length, then the JSON header."""
+    with open(path, "rb") as f:
+        length = int.from_bytes(f.read(8), "little")
+        header = json.loads(f.read(length))
+    header.pop("__metadata__", None)
+    return header, 8 + length
 
 
 def trainable_state(module: torch.nn.Module) -> dict:
@@ -187,19 +216,25 @@ def save_adapter(peft_model, folder) -> None:
 
 def save_merged(peft_model, tokenizer, out_dir, record: dict, metrics: dict, keep_adapter: bool) -> None:
     """The model folder with merged weights (rm/model/reward_model.py: save_model), and peft's
-    adapter folder in `adapter/` when `keep_adapter`. Every rank calls it when the model is
-    sharded (the gathers are collectives); rank 0 writes."""
+    adapter folder in `adapter/` when `keep_adapter`. The folder is written with the base weights
+    and then merged in place, layer by layer (`write_merged_weights`), so a save holds no merged
+    copy of the model. Every rank calls it when the model is sharded (the gathers are
+    collectives); rank 0 writes."""
+    from peft.tuners.lora import LoraLayer
+
     from rm.model.reward_model import save_model
 
     hf_model = peft_model.get_base_model()
-    merged = merged_state_dict(hf_model)
+    state = devices.full_state_dict(hf_model)
     adapter = devices.full_state_dict(peft_model) if keep_adapter else None
-    if merged is None:
+    if devices.rank() != 0:
         return
-    save_model(hf_model, tokenizer, out_dir, {**record, "merged_lora": True}, metrics, state_dict=merged)
+    state = state if state is not None else hf_model.state_dict()
+    save_model(hf_model, tokenizer, out_dir, {**record, "merged_lora": True}, metrics,
+               state_dict=plain_state_dict(state))
+    layers = {n: m for n, m in hf_model.named_modules() if isinstance(m, LoraLayer)}
+    write_merged_weights(out_dir, state, layers)
     if keep_adapter:
-        from pathlib import Path
-
         kwargs = {"state_dict": adapter} if adapter is not None else {}
         peft_model.save_pretrained(str(Path(out_dir) / ADAPTER_FOLDER), **kwargs)
 

@@ -165,6 +165,35 @@ def test_reference_with_adapters_disabled_is_the_frozen_base(tiny_policy):
     assert max(abs(adapted[k][0] - reference[k][0]) for k in sequences) > 1e-2   # the adapters act
 
 
+def test_the_streamed_merge_publishes_what_a_whole_merge_does(tiny_policy, tmp_path):
+    """The folder written base-first and merged layer by layer in the file holds the tensors a
+    merge of the whole model (peft's merge_and_unload, saved by save_pretrained) holds."""
+    import copy
+
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer = tiny_policy
+    adapters = lora.add_adapters(model, lora.LoraSettings(rank=4))
+    with torch.no_grad():   # trained adapters: B ≠ 0, so the merge moves every weight it targets
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    whole = copy.deepcopy(adapters).merge_and_unload()
+    whole.save_pretrained(tmp_path / "whole", safe_serialization=True)
+    lora.save_merged(adapters, tokenizer, tmp_path / "streamed", {}, {}, keep_adapter=False)
+    streamed = load_file(tmp_path / "streamed" / "model.safetensors")
+    expected = load_file(tmp_path / "whole" / "model.safetensors")
+    base = load_file(Path(model.config.name_or_path) / "model.safetensors")
+    assert streamed.keys() == expected.keys()
+    assert max((streamed[k] - expected[k]).abs().max().item() for k in expected) < 1e-6
+    moved = [k for k in expected if k.endswith("proj.weight")]
+    assert moved and all((streamed[k] - base[k]).abs().max() > 1e-2 for k in moved)
+    plain = AutoModelForCausalLM.from_pretrained(tmp_path / "streamed")   # the plain way, no peft
+    ids = torch.tensor([tokenizer("the answer to question 3 is clear")["input_ids"]])
+    with torch.no_grad():
+        assert (plain(ids).logits - whole(ids).logits).abs().max() < 1e-5
+
+
 def test_lora_dpo_starts_at_ln_2_and_lowers_its_loss(store, shared_data, tmp_path):
     from rm.train import policy as policy_run
     from rm.train.objectives import PoConfig
