@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import typing
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +31,8 @@ HELP_COLUMNS = "100"  # argparse wraps help to the terminal: fixed, so the page 
 SETTING_NOTES = {
     "db": "The DuckDB store (`--db`).",
     "model": "The model to serve: an id from the store (its weights checked against the registered "
-             "sha256) or a model folder (`--model`).",
+             "sha256) or a model folder (`--model`); several, comma-separated, serve an ensemble "
+             "(`--model A --model B`).",
     "device": "`auto`, `cpu`, `cuda` or `cuda:N` (`--device`).",
     "torch_threads": "Threads of the forward on a CPU; unset: every core this process may use.",
     "host": "Address to bind (`--host`); the default keeps the server on this machine.",
@@ -83,6 +85,8 @@ OTHER_VARIABLES = {
                        "`trl_reward_func` send.",
     "BRADLEY_URL": "The server verl's `compute_score` adapters call (default "
                    "`http://127.0.0.1:8000`).",
+    "BRADLEY_RUN": "The training run `service/client.py`'s clients and adapters name in the "
+                   "X-Bradley-Run header: the serving watch's `run`.",
     "BRADLEY_ALLOW_EMPTY_PROMPT": "`1`: verl's adapters score an item whose `extra_info` holds no "
                                   "prompt, instead of raising.",
     "BRADLEY_JUDGE_API_KEY": "The key `bradley label --judge openai:URL` sends.",
@@ -169,6 +173,8 @@ def setting_comments() -> dict[str, str]:
 
 
 def _type(field) -> str:
+    if typing.get_origin(field.annotation) is typing.Literal:
+        return " / ".join(map(str, typing.get_args(field.annotation)))
     text = str(field.annotation) if "|" in str(field.annotation) else field.annotation.__name__
     text = "list" if text == "tuple" else text
     text = text.replace("typing.", "").replace(" | None", "").replace("tuple[str, ...]", "list")

@@ -14,7 +14,7 @@ PROMPT_KEYS, and without one they raise unless BRADLEY_ALLOW_EMPTY_PROMPT=1); Op
 Per-item fields that a verifier may use (FORWARDED: ground_truth, verifier, data_source) travel with
 each item when the trainer supplies them; keywords that mean nothing here are accepted and ignored.
 Transient failures (connection errors, 502/503/504) are retried with exponential back-off; a 4xx
-raises ClientError carrying the server's message and field at once.
+raises ClientError carrying the server's message and field at once. Env BRADLEY_RUN names the run.
 
 A batch larger than one request may hold goes as several, of whole groups, by the server's
 GET /limits (asked once); a body over the limit is refused here as 413 naming it.
@@ -112,12 +112,14 @@ def _error(status: int, raw: bytes) -> ClientError:
 
 
 class ScoreClient:
-    """Blocking client over urllib; safe to share between threads. Context manager for symmetry."""
+    """Blocking client over urllib; safe to share between threads. Context manager for symmetry.
+    `run` (default env BRADLEY_RUN) names the training run in X-Bradley-Run for the server's watch."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 180.0, retries: int = 5,
-                 workers: int = 4):
+                 workers: int = 4, run: str | None = None):
         self.url, self.timeout, self.retries = url.rstrip("/"), timeout, retries
-        self._headers = {"Content-Type": "application/json"}
+        run = run or os.environ.get("BRADLEY_RUN")
+        self._headers = {"Content-Type": "application/json"} | ({"X-Bradley-Run": run} if run else {})
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bradley-client")
@@ -258,15 +260,17 @@ class AsyncScoreClient:
     (one pooled connection set), else the blocking client in worker threads."""
 
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 180.0, retries: int = 5,
-                 max_connections: int = 100):
+                 max_connections: int = 100, run: str | None = None):
         self.url, self.retries = url.rstrip("/"), retries
         try:
             import httpx
         except ImportError:
-            self._http, self._sync = None, ScoreClient(url, api_key, timeout, retries)
+            self._http, self._sync = None, ScoreClient(url, api_key, timeout, retries, run=run)
             return
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        run = run or os.environ.get("BRADLEY_RUN")
+        headers |= {"X-Bradley-Run": run} if run else {}
         self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, headers=headers, limits=limits)
         self._transport_error = httpx.TransportError
 

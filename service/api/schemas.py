@@ -38,6 +38,12 @@ class ScoreBody(BaseModel):
     dynamic_sampling: bool = Field(False, description="adds `keep`: groups that carry a signal")
     weights: dict[str, float] | None = Field(
         None, description="how the reward model and verifiers combine, e.g. {\"rm\": 0, \"gsm8k\": 1}")
+    aggregate: Literal["mean", "min", "uwo"] | None = Field(
+        None, description="an ensemble's aggregate of its standardised members (default: the "
+                          "server's): mean, min, or uwo (mean - λ·std)")
+    uncertainty_weight: float | None = Field(None, description="λ of uwo (default: the server's)")
+    run: str | None = Field(None, description="the training run, for the reward-hacking watch "
+                                              "(or the X-Bradley-Run header); 1-64 of [A-Za-z0-9_.:@/-]")
 
 
 class ScoreReply(BaseModel):
@@ -55,12 +61,20 @@ class ScoreReply(BaseModel):
     degenerate_groups: int | None = Field(None, description="groups whose rewards are all equal")
     group_stats: dict[str, Any] | None = None
     keep: list[bool] | None = Field(None, description="with dynamic_sampling")
+    members: dict[str, list[float]] | None = Field(
+        None, description="an ensemble's: each member's standardised scores, by model id")
+    disagreement: list[float] | None = Field(
+        None, description="an ensemble's: the std of its members' standardised scores per item")
 
 
 class GetRewardBody(BaseModel):
     query: str | list[str] = Field(description="prompt + response, each as one decoded text")
     prompts: list[str] | None = Field(None, description="the prompts, to split each query")
     labels: list[Any] | None = Field(None, description="ground truth per query")
+    aggregate: Literal["mean", "min", "uwo"] | None = Field(
+        None, description="an ensemble's aggregate (default: the server's)")
+    uncertainty_weight: float | None = Field(None, description="λ of uwo (default: the server's)")
+    run: str | None = Field(None, description="the training run (or the X-Bradley-Run header)")
 
 
 class GetRewardReply(BaseModel):

@@ -32,9 +32,9 @@ class Settings(BaseSettings):
     # (service/engine/ensemble.py), its members standardised by their reference statistics
     model: str | None = None
     # how an ensemble combines its members per item: mean, min (worst case) or uwo (mean - λ·std,
-    # λ = BRADLEY_ENSEMBLE_UNCERTAINTY_WEIGHT); a /score request may choose its own
+    # λ: BRADLEY_ENSEMBLE_UNCERTAINTY_WEIGHT); a /score request may choose its own
     ensemble_aggregate: Literal["mean", "min", "uwo"] = "mean"
-    ensemble_uncertainty_weight: float = Field(1.0, ge=0)
+    ensemble_uncertainty_weight: float = Field(1.0, ge=0)  # the weight λ of uwo: mean - λ·std
     # the reward-hacking watch (service/engine/watch.py): auto watches models that have reference
     # statistics, on refuses a model without them, off turns it off
     watch: Literal["auto", "on", "off"] = "auto"

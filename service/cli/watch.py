@@ -13,6 +13,7 @@ self-contained page with each signal over time (the server's history, one line p
 
 from __future__ import annotations
 
+import argparse
 import html
 import sys
 from pathlib import Path
@@ -34,6 +35,8 @@ def add(sub) -> None:
                        "length, duplicates, out-of-distribution share, ensemble disagreement",
                        description="Reads GET /watch of `bradley --server URL`; key from env "
                        "BRADLEY_API_KEY when the server keeps /metrics private.")
+    p.add_argument("--server", default=argparse.SUPPRESS, metavar="URL",
+                   help="the running `bradley serve` to read; also before the command")
     p.add_argument("--html", default=None, metavar="OUT",
                    help="also write a page with every signal over time (the server's history)")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 
+import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
@@ -124,3 +125,27 @@ def test_serve_refuses_a_member_without_statistics_in_one_line(tmp_path, members
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert f"`bradley eval {members['rm-bare']} --reference-stats`" in err
+
+
+def test_bradley_watch_prints_the_table_and_writes_the_page(tmp_path, members, capsys):
+    from service.ports import free_port
+    from tests.service.conftest import start_live, stop_live
+
+    settings = load_settings(db=str(tmp_path / "w.duckdb"), device="cpu", port=free_port(),
+                             model=f"{members['rm-tiny-a']},{members['rm-tiny-b']}",
+                             watch_history_interval_s=0.01)
+    live = start_live(settings)
+    try:
+        for _ in range(3):
+            httpx.post(f"{live.url}/score", json={"items": ITEMS, "run": "ppo-1"}, timeout=30)
+            httpx.get(f"{live.url}/watch", timeout=30)  # a summary into the history each time
+        page = tmp_path / "watch.html"
+        assert main(["watch", "--server", live.url, "--html", str(page)]) == 0
+    finally:
+        stop_live(live)
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].split()[:3] == ["model", "run", "items"]
+    assert {tuple(line.split()[:3]) for line in table[1:]} == {("rm-tiny-a", "ppo-1", "9"),
+                                                              ("rm-tiny-b", "ppo-1", "9")}
+    html = page.read_text()
+    assert "bradley watch" in html and html.count("<img") >= 4  # a chart per signal with history

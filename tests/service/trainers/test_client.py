@@ -106,3 +106,13 @@ def test_large_calls_go_as_parallel_chunks_of_whole_groups(live, hh_items, offli
     with ScoreClient(live.url) as client:
         got = client.score(prompts, responses, group_size=2)
     assert got == pytest.approx(offline["rm-tiny-a"].score(prompts, responses), abs=1e-5)
+
+
+def test_the_run_travels_as_a_header_for_the_watch(monkeypatch):
+    from service.client import AsyncScoreClient, ScoreClient
+
+    assert "X-Bradley-Run" not in ScoreClient("http://127.0.0.1:9")._headers
+    assert ScoreClient("http://127.0.0.1:9", run="ppo-1")._headers["X-Bradley-Run"] == "ppo-1"
+    monkeypatch.setenv("BRADLEY_RUN", "grpo-2")
+    assert ScoreClient("http://127.0.0.1:9")._headers["X-Bradley-Run"] == "grpo-2"
+    assert AsyncScoreClient("http://127.0.0.1:9")._http.headers["X-Bradley-Run"] == "grpo-2"
