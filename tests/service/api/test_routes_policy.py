@@ -22,6 +22,7 @@ OPEN = {
     ("POST", "/get_reward"): "scoring, as /score",
     ("GET", "/models"): "model ids only without a key",
     ("GET", "/metrics"): "Prometheus scrapes, unless BRADLEY_METRICS_REQUIRE_KEY",
+    ("GET", "/watch"): "the watch's numbers per model and run, readable as /metrics is",
     ("GET", "/limits"): "what a request may hold, so clients split their work to fit",
 }
 SCORING = {("POST", "/score"), ("POST", "/get_reward")}
@@ -85,7 +86,7 @@ def test_open_routes_answer_without_a_key_and_scoring_can_require_one(tmp_path, 
         with TestClient(create_app(settings)) as c:
             for method, path in OPEN:
                 r = c.request(method, path, json=body.get(path))
-                closed = requires and ((method, path) in SCORING or path == "/metrics")
+                closed = requires and ((method, path) in SCORING or path in ("/metrics", "/watch"))
                 assert r.status_code == (401 if closed else 200), (requires, path, r.text)
 
 
