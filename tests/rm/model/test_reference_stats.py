@@ -118,3 +118,24 @@ def test_a_model_without_stats_is_refused_with_the_command_that_computes_them(tm
     with pytest.raises(MissingReferenceStats, match=r"bradley eval .* --reference-stats"):
         require_reference_stats(tmp_path, "rm-x", "the watch compares served items with")
     assert read_reference_stats(tmp_path) is None
+
+
+def test_training_writes_the_reference_statistics_of_its_best_checkpoint(tmp_path):
+    from rm.train.loop import TrainConfig
+    from rm.train.reward import RewardRunConfig, train_reward_model
+    from rm.train.reward_data import split_of
+    from rm.train.run import RunInputs
+
+    rows = [{"prompt": f"question {i}?", "chosen": f"a careful answer {i} " * 3,
+             "rejected": f"no {i}", "prompt_id": f"p{i}", "p_chosen": 1.0} for i in range(24)]
+    config = RewardRunConfig(base_model="tiny", out=str(tmp_path / "rm"), device="cpu",
+                             max_length=32, val_fraction=0.5, train=TrainConfig(steps=2, batch_size=4))
+    metrics = train_reward_model(config, RunInputs(pairs=rows, snapshot_id="s"))
+    stats = read_reference_stats(metrics["path"])
+    n_val = sum(split_of(r["prompt_id"], 0.5) == "val" for r in rows)
+    assert stats.n_val == 2 * n_val and stats.n_fit == 2 * (len(rows) - n_val)
+    assert stats.source == "snapshot s" and metrics["reference_stats"]["covariance"] == stats.covariance_kind
+    model = RewardModel.load(metrics["path"], device="cpu")
+    val = [(r["prompt"], r[s]) for r in rows if split_of(r["prompt_id"], 0.5) == "val"
+           for s in ("chosen", "rejected")]
+    assert stats.score_mean == pytest.approx(np.mean(model.score(*zip(*val, strict=True))), abs=1e-5)

@@ -176,3 +176,23 @@ def test_a_pairs_file_through_the_server_matches_the_local_model(tiny_models, li
     for key in ("accuracy", "ece", "length_spearman", "mean_margin"):
         assert served[key] == pytest.approx(local[key], abs=1e-6)
     assert "LLMBar_Adversarial_GPTOut" in (tmp_path / "pairs.html").read_text()
+
+
+def test_reference_stats_of_a_model_trained_elsewhere_from_half_of_a_file_each(
+        tiny_models, shared_data, tmp_path, capsys):
+    import shutil
+
+    from rm.model.reference_stats import read_reference_stats
+
+    folder = shutil.copytree(tiny_models["rm-tiny-a"], tmp_path / "elsewhere")
+    data = shared_data / "llmbar" / "LLMBar_Natural.json"
+    status, out = _run(["eval", str(folder), "--data", str(data), "--reference-stats",
+                        "--device", "cpu"])
+    stats = read_reference_stats(folder)
+    assert status == 0 and stats is not None and out["reference_stats"]["n_val"] == stats.n_val
+    # each half of the prompts on one side: both sides hold responses, and together all of them
+    assert 0 < stats.n_val < 2 * out["n_pairs"] and 0 < stats.n_fit
+    assert stats.n_val + stats.n_fit == 2 * out["n_pairs"]
+    status, _ = _run(["eval", str(folder), "--data", str(data), "--reference-stats",
+                      "--benchmark", "rewardbench"])
+    assert status == 1 and "--reference-stats reads hidden states of pairs" in capsys.readouterr().err
