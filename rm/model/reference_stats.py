@@ -78,12 +78,15 @@ class LatentDistance:
                               self.components.to(device), self.eigenvalues.to(device))
 
     def distance(self, states: torch.Tensor) -> torch.Tensor:
-        """d(x) of each row of `states` [n, hidden] (float32, on the tensors' device)."""
-        centred = states.float() - self.mean
-        squared = (centred * centred * self._inverse_diag).sum(-1)
-        if self.rank:
-            squared = squared - (centred @ self._correction).square().sum(-1)
-        return squared.clamp(min=0.0).sqrt()
+        """d(x) of each row of `states` [n, hidden], in float32 on the tensors' device: d² is a
+        difference of two sums that bf16 (autocast's matmul inside a serving forward) would
+        round to noise, so autocast is off here."""
+        with torch.autocast(states.device.type, enabled=False):
+            centred = states.float() - self.mean
+            squared = (centred * centred * self._inverse_diag).sum(-1)
+            if self.rank:
+                squared = squared - (centred @ self._correction).square().sum(-1)
+            return squared.clamp(min=0.0).sqrt()
 
     def covariance(self) -> torch.Tensor:
         """Σ itself [hidden, hidden] (tests and small checks; serving never builds it)."""
