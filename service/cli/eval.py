@@ -213,7 +213,9 @@ def expected_model_id(model: str) -> str:
 def _bar(total: int):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc="eval", unit="response", file=sys.stderr, disable=None, leave=False)
+    # mininterval=0: a batch's update always shows, even one that ends the bar within 0.1 s
+    return tqdm(total=total, desc="eval", unit="response", file=sys.stderr, disable=None, leave=False,
+                mininterval=0)
 
 
 class ScoringProgress:
