@@ -53,8 +53,11 @@ def run_side(checkout: Path, argv: list[str], timeout: float) -> dict:
     """The last JSON line a bench script of `checkout` prints, with its wall seconds."""
     env = {**os.environ, "PYTHONPATH": str(checkout)}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, *argv], cwd=checkout, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    try:
+        done = subprocess.run([sys.executable, *argv], cwd=checkout, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"failed": f"over {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         return {"failed": done.returncode, "stderr": done.stderr[-1500:]}
