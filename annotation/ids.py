@@ -26,6 +26,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+try:  # setup.py builds it where a C compiler and OpenSSL's headers are
+    from annotation import _sha256
+except ImportError:
+    _sha256 = None
+
 ID_SEPARATOR = "\x1f"
 ID_CHARS = 24
 _SHA256 = type(hashlib.sha256())  # its unbound methods let map() call them row by row, in C
@@ -159,6 +164,9 @@ def joined_ids(columns: list) -> pa.Array:
     """
     joined = pc.binary_join_element_wise(*[_plain_strings(c) for c in columns], ID_SEPARATOR,
                                          null_handling="replace", null_replacement="")
+    if _sha256 is not None:
+        heads = pa.array([""], pa.string())
+        return _hex_prefixes(_c_digests(heads, np.zeros(len(joined), np.int32), joined), len(joined))
     digests = b"".join(map(_SHA256.digest, map(hashlib.sha256, joined.cast(pa.binary()).to_pylist())))
     return _hex_prefixes(digests, len(joined))
 
@@ -193,11 +201,29 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
     texts = _plain_strings(texts)
     if texts.null_count:
         raise ValueError("staged response texts cannot be null")
+    if _sha256 is not None:
+        heads = pc.binary_join_element_wise(_plain_strings(keys), "", ID_SEPARATOR)
+        rows = key_of_row.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+        return _hex_prefixes(_c_digests(heads, rows, texts), len(texts))
     heads = np.empty(len(keys), dtype=object)  # filled after: numpy must not iterate the hashes
     heads[:] = [hashlib.sha256(f"{k}{ID_SEPARATOR}".encode()) for k in _plain_strings(keys).to_pylist()]
     rows = list(map(_SHA256.copy, heads[key_of_row.to_numpy(zero_copy_only=False)]))
     collections.deque(map(_SHA256.update, rows, texts.cast(pa.binary()).to_pylist()), maxlen=0)
     return _hex_prefixes(b"".join(map(_SHA256.digest, rows)), len(texts))
+
+
+def _c_digests(heads: pa.Array, head_of_row: np.ndarray, texts: pa.Array) -> bytes:
+    """sha256(heads[head_of_row[i]] + texts[i]) of every row, concatenated (annotation/_sha256.c)."""
+    return _sha256.digests(*_layout(heads), np.ascontiguousarray(head_of_row), *_layout(texts))
+
+
+def _layout(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
+    """A string array's int32 offsets (n + 1, its slice offset applied) and its data buffer."""
+    strings = _plain_strings(strings)
+    if not len(strings):
+        return np.zeros(1, np.int32), pa.py_buffer(b"")
+    offsets = np.frombuffer(strings.buffers()[1], np.int32)[strings.offset:strings.offset + len(strings) + 1]
+    return offsets, strings.buffers()[2] or pa.py_buffer(b"")
 
 
 def _plain(column) -> pa.Array:

@@ -204,7 +204,7 @@ def _check_new(store, sha: str) -> None:
 def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> IngestResult:
     """One transaction: the batch row, its rows and rejects; an exception rolls all of it back."""
     with store.memory_limit(INGEST_MEMORY), store.transaction() as cur:
-        writer = _Writer(store, cur, source, sha, opts)
+        writer, marks = _Writer(store, cur, source, sha, opts), bulk.row_marks(cur)
         try:
             fill(writer)
             writer.flush()
@@ -214,7 +214,7 @@ def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> I
             result = IngestResult(source, None, writer.rows_in, 0, 0, errors=writer.errors, failed=True)
             raise IngestError(writer.errors, writer.first_field, result)
         info = writer.batch()
-        bulk.drop_earlier_ids(cur, info.id, list(writer.seen.prompts), writer.seen.own_ids)
+        bulk.drop_earlier_ids(cur, info.id, marks, writer.seen.own_ids, writer.seen.forgot)
         if "label-studio" in writer.formats:  # one count per annotation, however it arrived
             ls_ledger.reconcile(cur, info.id)
         info = store.finish_batch(cur, info, writer.rows_in)
@@ -244,10 +244,8 @@ class _Writer:
                 self._tick(staged.num_rows)
                 yield staged
 
-        def complete(rest: pa.Table) -> tuple[pa.Table, str]:
-            return rest, self.batch().id
-
-        bulk.insert_stream(self.cur, kind, counted(), complete, spool.spool_root(self.store.path))
+        bulk.insert_stream(self.cur, kind, counted(), lambda: self.batch().id,
+                           spool.spool_root(self.store.path))
 
     def batch(self):
         """The batch row, begun when first needed: the source's sha256 is known then (a file's is

@@ -8,7 +8,7 @@ module that writes SQL. Staged tables are read by DuckDB's replacement scan unde
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 import duckdb
@@ -43,18 +43,34 @@ _STREAM_RESPONSES = ("INSERT INTO responses (id, prompt_id, text, source_model) 
 # lowest rowid is the oldest (rows of the open transaction number after all committed ones).
 _LATER_COPIES = ("SELECT rowid FROM (SELECT rowid, row_number() OVER (PARTITION BY id ORDER BY rowid) AS n "
                  "FROM {table} WHERE {where}) WHERE n > 1")
-_DEDUP = {  # _bradley_ids: the batch's prompt ids; then those that were in the store before it
+# $1: the table's highest rowid before the batch, so `rowid > $1` are the batch's rows
+_REPEATED = {
+    # prompts the batch wrote that were in the store already, or that it wrote twice
+    "prompts": "id IN (SELECT id FROM prompts WHERE id IN (SELECT id FROM prompts WHERE rowid > $1) "
+               "GROUP BY id HAVING count(*) > 1)",
+    # responses of those prompts (a response id hashes its prompt's), then those the batch wrote twice
+    "responses": "prompt_id IN (SELECT id FROM _bradley_ids)",
+    "responses_in_batch": "id IN (SELECT id FROM responses WHERE rowid > $1 GROUP BY id HAVING count(*) > 1)",
+}
+_DEDUP = {
     "prompts": "DELETE FROM prompts WHERE rowid IN (" + _LATER_COPIES.format(
-        table="prompts", where="id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
+        table="prompts", where=_REPEATED["prompts"]) + ") RETURNING id",
     "responses": "DELETE FROM responses WHERE rowid IN (" + _LATER_COPIES.format(
-        table="responses", where="prompt_id IN (SELECT id FROM _bradley_ids)") + ") RETURNING id",
+        table="responses", where=_REPEATED["responses"]) + ")",
+    "responses_in_batch": "DELETE FROM responses WHERE rowid IN (" + _LATER_COPIES.format(
+        table="responses", where=_REPEATED["responses_in_batch"]) + ")",
     # the batch's judgments that were in the store before it: joined, so DuckDB hashes the smaller side
     "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN (SELECT o.id FROM judgments o "
                  "JOIN (SELECT id FROM judgments WHERE batch_id = $1) n ON n.id = o.id WHERE o.batch_id <> $1)",
+    "judgments_in_batch": "DELETE FROM judgments WHERE rowid IN (" + _LATER_COPIES.format(
+        table="judgments", where="batch_id = $1 AND id IN (SELECT id FROM judgments WHERE batch_id = $1 "
+                                 "GROUP BY id HAVING count(*) > 1)") + ")",
     # rows of an export written before content ids, whose ids the store's upgrade renamed
     "former": "DELETE FROM judgments WHERE batch_id = $1 AND given_id IN (SELECT former_id FROM former_ids)",
     "former_feedback": "DELETE FROM feedback WHERE batch_id = $1 AND given_id IN (SELECT former_id FROM former_ids)",
 }
+_MARKS = {"prompts": "SELECT coalesce(max(rowid), -1) FROM prompts",
+          "responses": "SELECT coalesce(max(rowid), -1) FROM responses"}
 
 
 def insert(cur, kind: str, staged: pa.Table, batch_id: str) -> None:
@@ -67,12 +83,13 @@ def insert(cur, kind: str, staged: pa.Table, batch_id: str) -> None:
         cur.execute(statement, [batch_id] if "$1" in statement else [])
 
 
-def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
-                  complete: Callable[[pa.Table], tuple[pa.Table, str]], spool_root: Path) -> None:
+def insert_stream(cur, kind: str, chunks: Iterator[pa.Table], begin: Callable[[], str],
+                  spool_root: Path) -> None:
     """insert() for a whole stream of chunks as one INSERT per table (annotation.ingest.spool says
-    why). The chunks' responses stream in first; then `complete(rest)` gives the rest of the
-    rows with their judgment ids, and the batch id. An exception raised by `chunks` is re-raised
-    here as it was, not as DuckDB's error. The spool goes under `spool_root` (spool.spool_folder)."""
+    why). The chunks' responses stream in first; then `begin()` gives the batch id, and the rest of
+    the rows are read back from the spool for prompts and judgments or feedback. An exception raised
+    by `chunks` is re-raised here as it was, not as DuckDB's error. The spool goes under
+    `spool_root` (spool.spool_folder)."""
     with spool_folder(spool_root) as folder:
         spool = Spool(kind, chunks, folder)
         _bradley_responses = spool.responses()  # noqa: F841 (read by name, as above)
@@ -82,32 +99,40 @@ def insert_stream(cur, kind: str, chunks: Iterator[pa.Table],
             if spool.error is not None:
                 raise spool.error from None
             raise
-        _bradley_stage = spool.rest()
-        if _bradley_stage is not None:
-            _bradley_stage, batch_id = complete(_bradley_stage)
-            for statement in (_STAGE_PROMPTS, _STAGE_ROWS[kind]):
-                cur.execute(statement, [batch_id] if "$1" in statement else [])
-        del _bradley_stage  # unmap the spooled file before its folder goes
+        if spool.writer is None:  # the stream had no chunk
+            return
+        batch_id = begin()
+        for statement in (_STAGE_PROMPTS, _STAGE_ROWS[kind]):
+            _bradley_stage = spool.rest()  # noqa: F841 (read by name, as above)
+            cur.execute(statement, [batch_id] if "$1" in statement else [])
+        del _bradley_stage  # close the spooled file before its folder goes
 
 
-def drop_earlier_ids(cur, batch_id: str, prompt_ids: Sequence[str], own_ids: bool) -> None:
-    """Inside the batch's transaction, after its rows: drop the rows it wrote again whose id was in
-    the store before it. A batch writes each prompt id once, so a prompt id seen twice was there
-    before; only responses of such prompts can be (a response id hashes its prompt). A judgment
-    stored before by any route has the same id; one whose row carried its own id (`own_ids`) may
-    also come from an export written before the store's ids were content ids (former_ids)."""
-    again = _delete_later_copies(cur, "prompts", prompt_ids)
+def row_marks(cur) -> dict[str, int]:
+    """The highest rowid of prompts and responses when a batch begins: the batch's rows number above."""
+    return {table: cur.execute(query).fetchone()[0] for table, query in _MARKS.items()}
+
+
+def drop_earlier_ids(cur, batch_id: str, marks: dict[str, int], own_ids: bool,
+                     forgot: Collection[str] = ()) -> None:
+    """Inside the batch's transaction, after its rows: drop the rows it wrote whose id was in the
+    store before it, and (for the tables in `forgot`, seen.SeenIds) the later copies it wrote itself.
+    Only responses of a prompt that was there before can have been (a response id hashes its prompt).
+    A judgment stored before by any route has the same id; one whose row carried its own id
+    (`own_ids`) may also come from an export written before the store's ids were content ids
+    (former_ids). `marks` is row_marks() from the batch's start."""
+    again = [row[0] for row in cur.execute(_DEDUP["prompts"], [marks["prompts"]]).fetchall()]
     if again:
-        _delete_later_copies(cur, "responses", again)
+        cur.register("_bradley_ids", pa.table({"id": pa.array(again, pa.string())}))
+        try:
+            cur.execute(_DEDUP["responses"])
+        finally:
+            cur.unregister("_bradley_ids")
+    if "responses" in forgot:
+        cur.execute(_DEDUP["responses_in_batch"], [marks["responses"]])
     cur.execute(_DEDUP["judgments"], [batch_id])
+    if "judgments" in forgot:
+        cur.execute(_DEDUP["judgments_in_batch"], [batch_id])
     if own_ids:
         cur.execute(_DEDUP["former"], [batch_id])
         cur.execute(_DEDUP["former_feedback"], [batch_id])
-
-
-def _delete_later_copies(cur, table: str, ids: Sequence[str]) -> list[str]:
-    cur.register("_bradley_ids", pa.table({"id": pa.array(ids, pa.string())}))
-    try:
-        return [row[0] for row in cur.execute(_DEDUP[table]).fetchall()]
-    finally:
-        cur.unregister("_bradley_ids")

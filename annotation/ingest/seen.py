@@ -1,8 +1,14 @@
-"""The ids one batch has written so far, so that the batch writes each prompt, response and judgment once.
+"""The ids one batch has written lately, so that the batch writes each prompt, response and judgment once.
 
 prompts, responses and judgments have no PRIMARY KEY (an ART index cost 4/5 of ingest time, see
-schema.sql). A batch therefore flags each staged row's ids as first-in-batch or not, writes only the
-first ones, and at its end lets bulk.drop_earlier_ids drop those that were in the store before the batch.
+schema.sql). A batch therefore flags each staged row's ids as new or not, writes only the new ones,
+and at its end lets bulk.drop_earlier_ids drop the copies of ids that were in the store before it.
+
+Memory is bounded: the sets hold at most MAX_IDS ids. A batch with more forgets them all and goes
+on; an id it forgot may then be written twice, so `forgot` names the tables whose later copies
+drop_earlier_ids must also look for inside the batch (one GROUP BY in DuckDB, which spills).
+Repeats are usually close together (a pair judged in both orders, by several judges), so the
+recent ids still keep most of them from being written at all.
 
     >>> import pyarrow as pa
     >>> seen = SeenIds()
@@ -24,28 +30,32 @@ import pyarrow.compute as pc
 
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
+MAX_IDS = 3_000_000  # ~300 MB of ids in Python sets
 
 
 class SeenIds:
-    """Prompt, response and judgment ids written by this batch.
+    """Prompt, response and judgment ids written by this batch, the latest MAX_IDS of them.
 
-    Ids are kept as ASCII bytes, which Python hashes and stores faster than str: memory grows with
-    the batch's distinct ids (about 90 bytes each), not with its text."""
+    Ids are kept as ASCII bytes, which Python hashes and stores faster than str (about 100 bytes
+    each with the set's slot)."""
 
     def __init__(self) -> None:
-        self.prompts: set[bytes] = set()
-        self.responses: set[bytes] = set()
-        self.judgments: set[bytes] = set()
+        self.sets: dict[str, set[bytes]] = {"prompts": set(), "responses": set(), "judgments": set()}
+        self.max_ids = MAX_IDS
+        self.forgot: set[str] = set()  # tables whose ids were forgotten: copies inside the batch possible
         self.own_ids = False  # some row carried an `id`: it may name a row of an older export
 
     def flag(self, kind: str, staged: pa.Table) -> pa.Table:
         """`staged` (with ids.with_ids' columns) plus boolean new_* columns."""
-        flags = {"new_p": _first_rows(staged.column("pid"), self.prompts)}
+        if sum(map(len, self.sets.values())) > self.max_ids:
+            self.forgot.update(name for name, ids in self.sets.items() if ids)
+            self.sets = {name: set() for name in self.sets}
+        flags = {"new_p": _first_rows(staged.column("pid"), self.sets["prompts"])}
         for flag, column in RESPONSE_FLAGS[kind]:
-            flags[flag] = _first_rows(staged.column(column), self.responses)
+            flags[flag] = _first_rows(staged.column(column), self.sets["responses"])
         if staged.column("id").null_count < staged.num_rows:
             self.own_ids = True
-        flags["new_j"] = _first_rows(staged.column("jid"), self.judgments)
+        flags["new_j"] = _first_rows(staged.column("jid"), self.sets["judgments"])
         for name, values in flags.items():
             staged = staged.append_column(name, pa.array(values, pa.bool_()))
         return staged

@@ -9,8 +9,8 @@ of 300k judgments). Staged chunks hold the response texts (most of the bytes) an
 - `responses()`: an Arrow stream of the new response rows, for one INSERT INTO responses that
   pulls chunk after chunk, so the reader thread keeps parsing while DuckDB writes; and
 - `rest()`: the rest of every chunk, written aside as it streams past to an Arrow file in a
-  temporary folder and read back memory-mapped once the stream is done (prompt texts only for
-  rows that write a new prompt), for the INSERTs into prompts and judgments or feedback.
+  temporary folder and read back a batch at a time once the stream is done (prompt texts only for
+  rows that write a new prompt), once for the INSERT into prompts and once for judgments or feedback.
 
 Memory stays bounded: the stream holds a chunk or two, and the rest lives on disk.
 
@@ -26,7 +26,7 @@ lock it can take. An in-memory store spools under the temp dir's `bradley-spool/
     >>> spool = Spool("feedback", iter([chunk]), tempfile.mkdtemp())
     >>> spool.responses().read_all().to_pylist()
     [{'id': 'r', 'prompt_id': 'p', 'text': 'yes', 'source_model': 'm'}]
-    >>> spool.rest().column_names
+    >>> spool.rest().schema.names
     ['pid', 'prompt', 'messages', 'new_p', 'rid', 'model', 'new_r']
 """
 
@@ -96,11 +96,21 @@ class Spool:
             self.writer = pa.ipc.new_file(self.path, rest.schema)
         self.writer.write_table(rest)
 
-    def rest(self) -> pa.Table | None:
-        """Everything but the response texts, memory-mapped; None when the stream had no chunk."""
+    def rest(self) -> pa.RecordBatchReader | None:
+        """Everything but the response texts, read back from the spool a batch at a time (not
+        memory-mapped: mapped pages that have been read count in the process's memory until
+        unmapped); each call reads it again. None when the stream had no chunk."""
         if self.writer is None:
             return None
-        return pa.ipc.open_file(pa.memory_map(self.path)).read_all()
+        source = pa.OSFile(self.path)
+        reader = pa.ipc.open_file(source)
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            with source:
+                for i in range(reader.num_record_batches):
+                    yield reader.get_batch(i)
+
+        return pa.RecordBatchReader.from_batches(reader.schema, batches())
 
 
 def _new_responses(kind: str, staged: pa.Table) -> pa.Table:

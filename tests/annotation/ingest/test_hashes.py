@@ -1,16 +1,28 @@
-"""Content ids in bulk (annotation.ids.keyed_ids, with hashlib) equal sha256 of key, 0x1f, text."""
+"""Content ids in bulk (annotation.ids.keyed_ids and joined_ids, in C where annotation/_sha256.c is
+built and with hashlib) equal sha256 of key, 0x1f, text."""
 
 from __future__ import annotations
 
 import hashlib
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from annotation.ids import content_id, keyed_ids
+import annotation.ids as ids_mod
+from annotation.ids import content_id, joined_ids, keyed_ids
 
 KEYS = ["What is 2+2?", "", "é" * 300, "[{\"content\":\"hi\",\"role\":\"user\"}]"]
 TEXTS = ["4", "", "ü" * 1000, "five", "a\x1fb", "long " * 400]
+
+
+@pytest.fixture(params=["c", "hashlib"], autouse=True)
+def hashing(request, monkeypatch):
+    if request.param == "hashlib":
+        monkeypatch.setattr(ids_mod, "_sha256", None)
+    elif ids_mod._sha256 is None:
+        pytest.skip("annotation/_sha256.c is not built here (no C compiler or OpenSSL headers)")
+    return request.param
 
 
 def expected(keys, key_of_row, texts):
@@ -59,3 +71,20 @@ def test_seen_ids_flag_the_first_row_of_each_new_id_across_chunks():
     assert flagged.column("new_j").to_pylist() == [True] * 5 + [False] * 7  # a judgment id is kept once too
     again = seen.flag("judgments", chunk)
     assert again.column("new_a").to_pylist() == again.column("new_j").to_pylist() == [False] * 12
+
+
+def test_joined_ids_hash_the_parts_joined_by_the_separator():
+    parts = [pa.array(TEXTS), pa.array([None, *TEXTS[1:]]).slice(0)]
+    ids = joined_ids(parts)
+    assert ids.to_pylist() == [content_id(a, b or "") for a, b in zip(TEXTS, [None, *TEXTS[1:]], strict=True)]
+
+
+def test_the_c_digests_refuse_offsets_and_indices_out_of_range(hashing):
+    if hashing != "c":
+        pytest.skip("the C function's own checks")
+    good = (np.array([0, 1], np.int32), b"k", np.zeros(1, np.int32), np.array([0, 2], np.int32), b"ab")
+    assert ids_mod._sha256.digests(*good) == hashlib.sha256(b"kab").digest()
+    for i, bad in ((3, np.array([0, 3], np.int32)), (2, np.array([1], np.int32)),
+                   (3, np.array([2, 1], np.int32)), (0, np.array([0, 2], np.int32))):
+        with pytest.raises(ValueError, match="digests"):
+            ids_mod._sha256.digests(*good[:i], bad, *good[i + 1:])

@@ -49,6 +49,26 @@ def test_prompts_and_responses_are_written_once_across_rows_and_batches(store, t
     assert (response_id("q1", "z"),) in ids and (response_id("q3", "x"),) in ids
 
 
+@pytest.mark.parametrize("precise", [False, True])
+def test_a_batch_that_forgets_its_ids_still_writes_each_once(store, tmp_path, monkeypatch, precise):
+    """Past seen.MAX_IDS a batch forgets the ids it wrote; its later copies are dropped at its end."""
+    from annotation.ingest import readers, seen
+
+    if precise:
+        monkeypatch.setattr(columnar, "stage", lambda *a: (_ for _ in ()).throw(columnar.NeedsPrecise()))
+    monkeypatch.setattr(ingest_mod, "BATCH_ROWS", 2)
+    monkeypatch.setattr(readers, "BATCH_BYTES", 800)  # the columnar path: chunks of a few rows
+    monkeypatch.setattr(seen, "MAX_IDS", 1)  # forget after every chunk
+    first = ingest_file(store, write_jsonl(tmp_path / "first.jsonl", FIRST * 3 + FIRST[:1]))
+    second = ingest_file(store, write_jsonl(tmp_path / "second.jsonl", SECOND + FIRST))
+    counts = store.counts()
+    assert (counts["prompts"], counts["responses"], counts["judgments"]) == (3, 6, 5)
+    assert duplicated_ids(store) == {"prompts": 0, "responses": 0, "judgments": 0}
+    assert (first.rows_ok, first.rows_existing, second.rows_ok, second.rows_existing) == (3, 7, 2, 3)
+    kept = store.con.execute("SELECT text FROM responses WHERE id = ?", [response_id("q1", "y")]).fetchall()
+    assert kept == [("y",)]
+
+
 def test_the_first_source_model_of_a_response_is_kept(store):
     ingest_records(store, [{**FIRST[0], "model_a": "m1"}])
     ingest_records(store, [{**FIRST[0], "model_a": "m2", "rater": "human:9"}])
