@@ -69,6 +69,12 @@ def score_body(prompts, responses, group_size=None, advantage=None, extras=None)
     return {"items": items, **{k: v for k, v in options.items() if v is not None}}
 
 
+def get_reward_body(queries, prompts=None, labels=None) -> dict:
+    """OpenRLHF's /get_reward body: the queries, with prompts and labels where given."""
+    named = {"query": queries, "prompts": prompts, "labels": labels}
+    return {key: list(values) for key, values in named.items() if values is not None}
+
+
 def request_chunks(sizes: list[tuple[int, int]], group_size: int | None, max_items: int,
                    max_chars: int | None, max_bytes: int | None) -> list[tuple[int, int]]:
     """(start, end) runs of whole groups, each within `max_items` items, `max_chars` characters
@@ -111,6 +117,12 @@ def _error(status: int, raw: bytes) -> ClientError:
         return ClientError(status, raw[:500].decode("utf-8", "replace"))
 
 
+def _identity(api_key: str | None, run: str | None) -> dict:
+    """The key's bearer header and the run's X-Bradley-Run (default env BRADLEY_RUN), where given."""
+    run = run or os.environ.get("BRADLEY_RUN")
+    return ({"Authorization": f"Bearer {api_key}"} if api_key else {}) | ({"X-Bradley-Run": run} if run else {})
+
+
 class ScoreClient:
     """Blocking client over urllib; safe to share between threads. Context manager for symmetry.
     `run` (default env BRADLEY_RUN) names the training run in X-Bradley-Run for the server's watch."""
@@ -118,10 +130,7 @@ class ScoreClient:
     def __init__(self, url: str, api_key: str | None = None, timeout: float = 180.0, retries: int = 5,
                  workers: int = 4, run: str | None = None):
         self.url, self.timeout, self.retries = url.rstrip("/"), timeout, retries
-        run = run or os.environ.get("BRADLEY_RUN")
-        self._headers = {"Content-Type": "application/json"} | ({"X-Bradley-Run": run} if run else {})
-        if api_key:
-            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._headers = {"Content-Type": "application/json"} | _identity(api_key, run)
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="bradley-client")
         self.workers, self._limits, self._limits_lock = workers, None, threading.Lock()
 
@@ -221,12 +230,7 @@ class ScoreClient:
     def get_reward_full(self, queries: list[str], prompts: list[str] | None = None,
                         labels: list | None = None) -> dict:
         """OpenRLHF's remote-RM call: {"rewards", "scores", "extra_logs"}."""
-        body: dict = {"query": list(queries)}
-        if prompts is not None:
-            body["prompts"] = list(prompts)
-        if labels is not None:
-            body["labels"] = list(labels)
-        return self.request("POST", "/get_reward", body)
+        return self.request("POST", "/get_reward", get_reward_body(queries, prompts, labels))
 
     def get_reward(self, queries: list[str], prompts: list[str] | None = None,
                    labels: list | None = None) -> list[float]:
@@ -268,10 +272,8 @@ class AsyncScoreClient:
             self._http, self._sync = None, ScoreClient(url, api_key, timeout, retries, run=run)
             return
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        run = run or os.environ.get("BRADLEY_RUN")
-        headers |= {"X-Bradley-Run": run} if run else {}
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, headers=headers, limits=limits)
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout, headers=_identity(api_key, run),
+                                       limits=limits)
         self._transport_error = httpx.TransportError
 
     async def __aenter__(self) -> AsyncScoreClient:
@@ -308,9 +310,7 @@ class AsyncScoreClient:
 
     async def get_reward(self, queries: list[str], prompts: list[str] | None = None,
                          labels: list | None = None) -> list[float]:
-        body = {"query": queries} | ({"prompts": prompts} if prompts is not None else {})
-        body |= {"labels": labels} if labels is not None else {}
-        return (await self.request("POST", "/get_reward", body))["rewards"]
+        return (await self.request("POST", "/get_reward", get_reward_body(queries, prompts, labels)))["rewards"]
 
 
 # --- trainer adapters ---------------------------------------------------------------------------
