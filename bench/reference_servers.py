@@ -1,10 +1,9 @@
-"""The servers bench/score_load.py holds `bradley serve` against, each run as its own process on
-127.0.0.1 (same uvicorn, same loop and HTTP parser):
+"""The server bench/score_load.py holds `bradley serve` against, run as its own process on 127.0.0.1
+(same uvicorn, same loop and HTTP parser):
 
     python bench/reference_servers.py naive MODEL_DIR PORT   # one forward per request
-    python bench/reference_servers.py hello PORT             # FastAPI hello-world
 
-Both answer `POST /score` (so the same clients drive them) and `GET /readyz`."""
+It answers `POST /score` (so the same clients drive it) and `GET /readyz`."""
 
 from __future__ import annotations
 
@@ -38,19 +37,6 @@ def naive_server(model_dir: str, port: str) -> None:
     _run(app, port)
 
 
-def hello_server(port: str) -> None:
-    """FastAPI hello-world: the floor of any route's per-request cost."""
-    from fastapi import FastAPI
-
-    app = FastAPI()
-
-    @app.post("/score")
-    async def hello():
-        return {"hello": "world"}
-
-    _run(app, port)
-
-
 def _run(app, port: str) -> None:
     import uvicorn
 
@@ -61,7 +47,7 @@ def _run(app, port: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False)
 
 
-SERVERS = {"naive": naive_server, "hello": hello_server}
+SERVERS = {"naive": naive_server}
 
 if __name__ == "__main__":
     SERVERS[sys.argv[1]](*sys.argv[2:])

@@ -12,23 +12,19 @@ built from a config, on (prompt, response) items from hh-rlhf (cut to 300 charac
    8-item requests; the load generator is raw asyncio (a few microseconds per request) and shares
    the machine's cores with the server;
 3. naive: a server that runs one forward per request (what OpenRLHF's serve_rm.py does), same
-   clients, single-sample requests;
-4. overhead (tiny model): requests/s of a 1-token item (empty prompt, response "a") on `bradley
-   serve` against a FastAPI hello-world endpoint on the same uvicorn, same clients:
-   `overhead_ratio_vs_hello` is what the server's own per-request work leaves of the floor.
+   clients, single-sample requests.
 
 Prints one JSON line. Top-level figures are for the 5M model, single-sample requests, 64 clients:
 items_per_s, p50_ms, p99_ms, ratio_vs_offline (served / ceiling), ratio_vs_per_request
 (served / naive); tiny_ratio_vs_offline, tiny_batch8_ratio_vs_offline and tiny_p99_ms are the cheap
-model's (where the server's own work shows), with overhead_ratio_vs_hello; `models` has every phase
+model's (where the server's own work shows); `models` has every phase
 of both models; requests_total and errors count all phases.
 Goals: ratio_vs_offline >= 0.8 for the 5M model, ratio_vs_per_request >= 3, zero errors.
 
 Fairness: the ceiling, `bradley serve` and the naive server all use --torch-threads (default:
 every core this process may use, what `bradley serve` takes on a CPU). Each phase reports the CPU
 share (cores busy) of the server and of the clients, and `server_process_cpu_ms_per_request`: the
-server process's CPU per request (HTTP, decoding, tokenizing, batching and, on a CPU, the forwards);
-the summary's `process_cpu_ms_per_request` has it for the tiny model, 1-token items and hello-world.
+server process's CPU per request (HTTP, decoding, tokenizing, batching and, on a CPU, the forwards).
 
 A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
 length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
@@ -83,7 +79,7 @@ from service.ports import free_port  # noqa: E402  (after the path line, as the 
 CUT = 300
 MODELS = {  # name -> build_tiny_reward_model arguments, requests per phase at scale 1
     "tiny": ({"hidden": 64, "layers": 2, "vocab_size": 512},
-             {"single": 20_000, "batch8": 2_500, "naive": 3_000, "overhead": 5_000}),
+             {"single": 20_000, "batch8": 2_500, "naive": 3_000}),
     "5m": ({"hidden": 256, "layers": 4, "vocab_size": 4096},
            {"single": 3_000, "batch8": 500, "naive": 1_000}),
 }
@@ -105,7 +101,7 @@ def hh_items(limit: int = 1000) -> list[tuple[str, str]]:
 # --- servers ---------------------------------------------------------------------------------
 
 
-REFERENCE = str(ROOT / "bench" / "reference_servers.py")  # the naive and hello-world servers
+REFERENCE = str(ROOT / "bench" / "reference_servers.py")  # the one-forward-per-request server
 
 
 def start(argv: list[str], port: int, env: dict | None = None) -> subprocess.Popen:
@@ -133,28 +129,6 @@ def served(folder: str, items: list, n: dict, env: dict) -> dict:
                 "batch8": drive_measured(port, items, n["batch8"], 8, server.pid)}
     finally:
         stop(server)
-
-
-def overhead(folder: str, n: int, env: dict) -> dict:
-    """Requests/s of a 1-token item (empty prompt, one-character response: all the server's own
-    work, next to nothing of the model's) on `bradley serve`, against the hello-world server."""
-    one = [("", "a")]
-    port = free_port()
-    server = start(serve_argv(folder, port), port, env)
-    try:
-        drive(port, one, CLIENTS * 4, 1, server.pid)
-        scored = drive(port, one, n, 1, server.pid)
-    finally:
-        stop(server)
-    port = free_port()
-    server = start([sys.executable, REFERENCE, "hello", str(port)], port, env)
-    try:
-        drive(port, one, CLIENTS * 4, 1, server.pid)
-        hello = drive(port, one, n, 1, server.pid)
-    finally:
-        stop(server)
-    return {"one_token": scored, "hello": hello,
-            "overhead_ratio_vs_hello": round(scored["items_per_s"] / hello["items_per_s"], 3)}
 
 
 def naive(folder: str, items: list, n: dict, env: dict) -> dict:
@@ -204,8 +178,6 @@ def bench_model(folder: str, items: list, requests: dict, args) -> dict:
     # the server's cuts of 64 waiting rows at its default padding limit
     bound = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device,
                          seen=CLIENTS, padding=AUTO_PADDING[kind])
-    if "overhead" in n:
-        out["overhead"] = overhead(folder, n["overhead"], env)
     # other work on a shared machine moves every figure: the ceiling is the better of the
     # measurements taken around the served runs
     after = offline_rate(folder, items, args.batch_tokens, seconds=seconds, device=device)
@@ -229,21 +201,13 @@ def cheap_model_figures(tiny: dict | None) -> dict:
                "tiny_prompt_cache_hit_share": tiny["single"]["prompt_cache_hit_share"],
                "tiny_batch_bound_share_of_ceiling": round(
                    tiny["batch_bound_items_per_s"] / tiny["ceiling_items_per_s"], 3)}
-    if "overhead" in tiny:
-        figures["overhead_ratio_vs_hello"] = tiny["overhead"]["overhead_ratio_vs_hello"]
-        figures["process_cpu_ms_per_request"] = {  # the server process alone
-            "tiny": tiny["single"]["server_process_cpu_ms_per_request"],
-            "one_token": tiny["overhead"]["one_token"]["server_process_cpu_ms_per_request"],
-            "hello": tiny["overhead"]["hello"]["server_process_cpu_ms_per_request"]}
     return figures
 
 
 def summary(results: dict, args) -> dict:
     name = "5m" if "5m" in results else next(iter(results))
     main_case = results[name]
-    extra = [p for r in results.values() if "overhead" in r
-             for p in (r["overhead"]["one_token"], r["overhead"]["hello"])]
-    phases = [p for r in results.values() for p in (r["single"], r["batch8"], r["naive"])] + extra
+    phases = [p for r in results.values() for p in (r["single"], r["batch8"], r["naive"])]
     served_phases = [p for r in results.values() for p in (r["single"], r["batch8"])]
     return {
         "bench": "score_load", "clients": CLIENTS, "model": name, "device": args.device,
@@ -328,8 +292,7 @@ def progress(name: str, figures: dict) -> dict:
     """One stderr line per benched model: a run cut short by a time limit still shows them."""
     print(f"score_load: {name}: ratio_vs_offline {figures['ratio_vs_offline']}, 8-item "
           f"{figures['batch8_ratio_vs_offline']}, {figures['single']['items_per_s']} items/s, p99 "
-          f"{figures['single']['p99_ms']} ms, overhead_ratio_vs_hello "
-          f"{figures.get('overhead', {}).get('overhead_ratio_vs_hello')}", file=sys.stderr)
+          f"{figures['single']['p99_ms']} ms", file=sys.stderr)
     return figures
 
 

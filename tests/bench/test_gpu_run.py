@@ -65,7 +65,7 @@ def test_run_sh_smoke(tmp_path):
     assert served["single"]["errors"] == served["batch8"]["errors"] == 0
     small = lines["score_load_small"]   # the two built models, before the training
     assert set(small["models"]) == {"tiny", "5m"} and small["errors"] == 0
-    assert small["tiny_ratio_vs_offline"] > 0 and small["overhead_ratio_vs_hello"] > 0
+    assert small["tiny_ratio_vs_offline"] > 0 and small["tiny_p99_ms"] > 0
     assert all(model["scores_without_mask"] is True for model in small["models"].values())
     phases = {}   # bench/gpu/train_1b.py: the 1B shape's phases, the tiny one here
     for name in ("rm_full", "rm_lora", "dpo_full", "dpo_lora", "trl_rm", "trl_dpo"):
