@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
-MAX_IDS = 3_000_000  # ~300 MB of ids in Python sets
+MAX_IDS = 4_000_000  # ~400 MB of ids in Python sets: a million-judgment file keeps all of its ids
 
 
 class SeenIds:
@@ -50,7 +50,7 @@ class SeenIds:
         if sum(map(len, self.sets.values())) > self.max_ids:
             self.forgot.update(name for name, ids in self.sets.items() if ids)
             self.sets = {name: set() for name in self.sets}
-        flags = {"new_p": _first_rows(staged.column("pid"), self.sets["prompts"])}
+        flags = {"new_p": _first_prompt_rows(staged.column("pid"), self.sets["prompts"])}
         for flag, column in RESPONSE_FLAGS[kind]:
             flags[flag] = _first_rows(staged.column(column), self.sets["responses"])
         if staged.column("id").null_count < staged.num_rows:
@@ -61,11 +61,24 @@ class SeenIds:
         return staged
 
 
+def _first_prompt_rows(ids, seen: set[bytes]) -> np.ndarray:
+    """_first_rows for prompt ids, which come many rows each: each distinct id is looked up once."""
+    codes = pc.dictionary_encode(_plain(ids))
+    _, first_rows = np.unique(codes.indices.to_numpy(), return_index=True)
+    new = np.zeros(len(ids), dtype=bool)
+    new[first_rows[_first_rows(codes.dictionary, seen)]] = True
+    return new
+
+
+def _plain(ids) -> pa.Array:
+    return ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+
+
 def _first_rows(ids, seen: set[bytes]) -> np.ndarray:
     """True at the first row of each id new to `seen` (which learns them); ids are never null here.
     map() drives the set's methods, in C; the rows are searched for repeats only when some new id
     came twice (prompt ids do; response ids seldom)."""
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    ids = _plain(ids)
     values = ids.cast(pa.binary()).to_pylist()
     new = ~np.fromiter(map(seen.__contains__, values), dtype=bool, count=len(values))
     size = len(seen)

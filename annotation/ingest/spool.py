@@ -9,8 +9,10 @@ of 300k judgments). Staged chunks hold the response texts (most of the bytes) an
 - `responses()`: an Arrow stream of the new response rows, for one INSERT INTO responses that
   pulls chunk after chunk, so the reader thread keeps parsing while DuckDB writes; and
 - `rest()`: the rest of every chunk, written aside as it streams past to an Arrow file in a
-  temporary folder and read back a batch at a time once the stream is done (prompt texts only for
-  rows that write a new prompt), once for the INSERT into prompts and once for judgments or feedback.
+  temporary folder and scanned as a dataset once the stream is done (prompt texts only for rows that
+  write a new prompt): DuckDB reads the columns each INSERT needs, into prompts and into judgments
+  or feedback, a record batch at a time (not memory-mapped: mapped pages it has read would count in
+  the process's memory until unmapped).
 
 Memory stays bounded: the stream holds a chunk or two, and the rest lives on disk.
 
@@ -42,6 +44,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as ds
 
 try:
     import fcntl
@@ -96,21 +99,12 @@ class Spool:
             self.writer = pa.ipc.new_file(self.path, rest.schema)
         self.writer.write_table(rest)
 
-    def rest(self) -> pa.RecordBatchReader | None:
-        """Everything but the response texts, read back from the spool a batch at a time (not
-        memory-mapped: mapped pages that have been read count in the process's memory until
-        unmapped); each call reads it again. None when the stream had no chunk."""
+    def rest(self):
+        """Everything but the response texts, as a dataset over the spooled file; None when the
+        stream had no chunk."""
         if self.writer is None:
             return None
-        source = pa.OSFile(self.path)
-        reader = pa.ipc.open_file(source)
-
-        def batches() -> Iterator[pa.RecordBatch]:
-            with source:
-                for i in range(reader.num_record_batches):
-                    yield reader.get_batch(i)
-
-        return pa.RecordBatchReader.from_batches(reader.schema, batches())
+        return ds.dataset(self.path, format="arrow")
 
 
 def _new_responses(kind: str, staged: pa.Table) -> pa.Table:
