@@ -9,10 +9,11 @@ of 300k judgments). Staged chunks hold the response texts (most of the bytes) an
 - `responses()`: an Arrow stream of the new response rows, for one INSERT INTO responses that
   pulls chunk after chunk, so the reader thread keeps parsing while DuckDB writes; and
 - `rest()`: the rest of every chunk, written aside as it streams past to an Arrow file in a
-  temporary folder and scanned as a dataset once the stream is done (prompt texts only for rows that
-  write a new prompt): DuckDB reads the columns each INSERT needs, into prompts and into judgments
-  or feedback, a record batch at a time (not memory-mapped: mapped pages it has read would count in
-  the process's memory until unmapped).
+  temporary folder and read back once the stream is done (prompt texts only for rows that write a
+  new prompt), for the INSERTs into prompts and into judgments or feedback. A spool under
+  MAP_BYTES is memory-mapped (DuckDB scans a mapped table in parallel, but each page it has read
+  counts in the process's memory until the map closes); a larger one is scanned as a dataset, the
+  columns each INSERT needs a record batch at a time, so memory stays bounded at any size.
 
 Memory stays bounded: the stream holds a chunk or two, and the rest lives on disk.
 
@@ -28,7 +29,7 @@ lock it can take. An in-memory store spools under the temp dir's `bradley-spool/
     >>> spool = Spool("feedback", iter([chunk]), tempfile.mkdtemp())
     >>> spool.responses().read_all().to_pylist()
     [{'id': 'r', 'prompt_id': 'p', 'text': 'yes', 'source_model': 'm'}]
-    >>> spool.rest().schema.names
+    >>> spool.rest().column_names
     ['pid', 'prompt', 'messages', 'new_p', 'rid', 'model', 'new_r']
 """
 
@@ -55,6 +56,7 @@ LOCK_NAME = "owner.lock"
 FOLDER_PREFIX = "ingest-"
 CLAIM_PREFIX = "claim-"  # a folder being set up, not yet locked
 YOUNG_SECONDS = 60  # a claim this new may still be setting up: leave it to its owner
+MAP_BYTES = 1 << 30  # a mapped spool adds up to its size to the process's memory while read
 SHARED_ROOT = "bradley-spool"  # the temp dir's root for in-memory stores, shared between processes
 
 RESPONSE_SCHEMA = pa.schema([("id", pa.string()), ("prompt_id", pa.string()), ("text", pa.string()),
@@ -99,11 +101,13 @@ class Spool:
             self.writer = pa.ipc.new_file(self.path, rest.schema)
         self.writer.write_table(rest)
 
-    def rest(self):
-        """Everything but the response texts, as a dataset over the spooled file; None when the
+    def rest(self) -> pa.Table | ds.Dataset | None:
+        """Everything but the response texts, mapped or as a dataset (see MAP_BYTES); None when the
         stream had no chunk."""
         if self.writer is None:
             return None
+        if os.path.getsize(self.path) < MAP_BYTES:
+            return pa.ipc.open_file(pa.memory_map(self.path)).read_all()
         return ds.dataset(self.path, format="arrow")
 
 

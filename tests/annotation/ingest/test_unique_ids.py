@@ -52,13 +52,14 @@ def test_prompts_and_responses_are_written_once_across_rows_and_batches(store, t
 @pytest.mark.parametrize("precise", [False, True])
 def test_a_batch_that_forgets_its_ids_still_writes_each_once(store, tmp_path, monkeypatch, precise):
     """Past seen.MAX_IDS a batch forgets the ids it wrote; its later copies are dropped at its end."""
-    from annotation.ingest import readers, seen
+    from annotation.ingest import readers, seen, spool
 
     if precise:
         monkeypatch.setattr(columnar, "stage", lambda *a: (_ for _ in ()).throw(columnar.NeedsPrecise()))
     monkeypatch.setattr(ingest_mod, "BATCH_ROWS", 2)
     monkeypatch.setattr(readers, "BATCH_BYTES", 800)  # the columnar path: chunks of a few rows
     monkeypatch.setattr(seen, "MAX_IDS", 1)  # forget after every chunk
+    monkeypatch.setattr(spool, "MAP_BYTES", 0)  # and read the spool back as a large file's is
     first = ingest_file(store, write_jsonl(tmp_path / "first.jsonl", FIRST * 3 + FIRST[:1]))
     second = ingest_file(store, write_jsonl(tmp_path / "second.jsonl", SECOND + FIRST))
     counts = store.counts()
