@@ -1,5 +1,5 @@
-/* sha256 of every row of an Arrow string column, without the GIL (annotation/ids.py uses it when
- * built; hashlib otherwise).
+/* Ingest's two loops over every row, in C without the GIL (annotation/ids.py and
+ * annotation/ingest/seen.py use them when this is built; hashlib and Python sets otherwise).
  *
  * digests(head_offsets, head_data, head_of_row, offsets, data) -> bytes
  *   Row i's digest is sha256(head[head_of_row[i]] || text[i]): the heads and the texts are given in
@@ -8,8 +8,16 @@
  *   Returns the n 32-byte digests concatenated. Offsets that decrease or point past their data,
  *   and head indices out of range, raise ValueError.
  *
- * Python's hashlib holds the GIL for inputs under 2 KB: per row that is ~1 us of interpreter work
- * around the hashing, on the thread the parser and DuckDB's writer also need.
+ * first_new(table, offsets, data, out) -> int
+ *   The set of content ids a batch has written: `table` is a writable buffer of 2 * cap uint64
+ *   words (cap a power of two), slot s holding an id's first 64 bits in word 2s and its last 32 bits
+ *   plus 2^32 in word 2s + 1 (0: empty). Each id (24 hex characters, Arrow string layout) not yet in
+ *   the table is added and gets out[i] = 1; ids already there, or earlier in the same call, get 0.
+ *   Returns how many were added. The caller keeps the table under half full; an id that is not
+ *   24 hex characters raises ValueError.
+ *
+ * Python's hashlib holds the GIL for inputs under 2 KB, and a Python set needs an object per id:
+ * per row that is ~1 us of interpreter work, on the thread the parser and DuckDB's writer also need.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -84,8 +92,74 @@ static PyObject *digests(PyObject *self, PyObject *args) {
     return out;
 }
 
+static int hex_value(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    return -1;
+}
+
+/* An id's 96 bits as (hi, lo | 2^32); 0 when it is not 24 lowercase hex characters. */
+static int id_words(const unsigned char *text, int32_t len, uint64_t *hi, uint64_t *lo) {
+    if (len != 24) return 0;
+    uint64_t words[2] = {0, 0};
+    for (int j = 0; j < 24; j++) {
+        int v = hex_value(text[j]);
+        if (v < 0) return 0;
+        words[j / 16] = (words[j / 16] << 4) | (uint64_t)v;
+    }
+    *hi = words[0];
+    *lo = words[1] | (1ULL << 32);
+    return 1;
+}
+
+/* The number of ids added; -1 at an id that is not 24 hex characters, -2 when the table is full. */
+static Py_ssize_t add_ids(uint64_t *table, uint64_t mask, const int32_t *off, const unsigned char *data,
+                          Py_ssize_t n, unsigned char *out) {
+    Py_ssize_t added = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t hi, lo;
+        if (!id_words(data + off[i], off[i + 1] - off[i], &hi, &lo)) return -1;
+        uint64_t slot = hi & mask, probes = 0;
+        while (table[2 * slot + 1] != 0 && (table[2 * slot] != hi || table[2 * slot + 1] != lo)) {
+            slot = (slot + 1) & mask;
+            if (++probes > mask) return -2;
+        }
+        out[i] = table[2 * slot + 1] == 0;
+        if (out[i]) {
+            table[2 * slot] = hi;
+            table[2 * slot + 1] = lo;
+            added++;
+        }
+    }
+    return added;
+}
+
+static PyObject *first_new(PyObject *self, PyObject *args) {
+    Py_buffer table, to, td, out;
+    if (!PyArg_ParseTuple(args, "w*y*y*w*", &table, &to, &td, &out)) return NULL;
+    Py_ssize_t cap = table.len / 16, n = to.len / 4 - 1, added = -2;
+    if (cap < 1 || (cap & (cap - 1)) != 0 || table.len != 16 * cap || n < 0 || out.len != n) {
+        PyErr_SetString(PyExc_ValueError, "first_new: need a table of 2 * 2^k words, n + 1 offsets, n outputs");
+    } else if (!offsets_valid(to.buf, n, td.len)) {
+        PyErr_SetString(PyExc_ValueError, "first_new: offsets out of range");
+    } else {
+        Py_BEGIN_ALLOW_THREADS
+        added = add_ids(table.buf, (uint64_t)cap - 1, to.buf, td.buf, n, out.buf);
+        Py_END_ALLOW_THREADS
+        if (added < 0)
+            PyErr_SetString(PyExc_ValueError, added == -1 ? "first_new: an id is not 24 hex characters"
+                                                          : "first_new: the table is full");
+    }
+    PyBuffer_Release(&table);
+    PyBuffer_Release(&to);
+    PyBuffer_Release(&td);
+    PyBuffer_Release(&out);
+    return added < 0 ? NULL : PyLong_FromSsize_t(added);
+}
+
 static PyMethodDef methods[] = {
     {"digests", digests, METH_VARARGS, "sha256(head[head_of_row[i]] || text[i]) for every row"},
+    {"first_new", first_new, METH_VARARGS, "add ids to an open-addressing table; 1 where new"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -214,11 +214,11 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
 
 def _c_digests(heads: pa.Array, head_of_row: np.ndarray, texts: pa.Array) -> bytes:
     """sha256(heads[head_of_row[i]] + texts[i]) of every row, concatenated (annotation/_sha256.c)."""
-    return _sha256.digests(*_layout(heads), np.ascontiguousarray(head_of_row), *_layout(texts))
+    return _sha256.digests(*string_layout(heads), np.ascontiguousarray(head_of_row), *string_layout(texts))
 
 
-def _layout(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
-    """A string array's int32 offsets (n + 1, its slice offset applied) and its data buffer."""
+def string_layout(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:
+    """A string array's (or a string chunked array's) int32 offsets (n + 1, its slice offset applied) and its data buffer."""
     strings = _plain_strings(strings)
     if not len(strings):
         return np.zeros(1, np.int32), pa.py_buffer(b"")

@@ -1,5 +1,6 @@
 """Content ids in bulk (annotation.ids.keyed_ids and joined_ids, in C where annotation/_sha256.c is
-built and with hashlib) equal sha256 of key, 0x1f, text."""
+built and with hashlib) equal sha256 of key, 0x1f, text; the ids a batch has seen, in C tables and
+in Python sets, flag the same rows."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 import annotation.ids as ids_mod
+import annotation.ingest.seen as seen_mod
 from annotation.ids import content_id, joined_ids, keyed_ids
 
 KEYS = ["What is 2+2?", "", "é" * 300, "[{\"content\":\"hi\",\"role\":\"user\"}]"]
@@ -20,6 +22,7 @@ TEXTS = ["4", "", "ü" * 1000, "five", "a\x1fb", "long " * 400]
 def hashing(request, monkeypatch):
     if request.param == "hashlib":
         monkeypatch.setattr(ids_mod, "_sha256", None)
+        monkeypatch.setattr(seen_mod, "_sha256", None)  # the seen ids in Python sets, too
     elif ids_mod._sha256 is None:
         pytest.skip("annotation/_sha256.c is not built here (no C compiler or OpenSSL headers)")
     return request.param
@@ -61,7 +64,8 @@ def test_seen_ids_flag_the_first_row_of_each_new_id_across_chunks():
     from annotation.ingest.seen import SeenIds
 
     rid = [hashlib.sha256(str(i % 5).encode()).hexdigest()[:24] for i in range(12)]
-    chunk = pa.table({"pid": ["p", "q", "p"] * 4, "rid_a": rid, "rid_b": rid[::-1],
+    p, q = (hashlib.sha256(t).hexdigest()[:24] for t in (b"p", b"q"))
+    chunk = pa.table({"pid": [p, q, p] * 4, "rid_a": rid, "rid_b": rid[::-1],
                       "jid": rid[:6] * 2, "id": pa.nulls(12, pa.string())})
     seen = SeenIds()
     flagged = seen.flag("judgments", chunk)
@@ -88,3 +92,32 @@ def test_the_c_digests_refuse_offsets_and_indices_out_of_range(hashing):
                    (3, np.array([2, 1], np.int32)), (0, np.array([0, 2], np.int32))):
         with pytest.raises(ValueError, match="digests"):
             ids_mod._sha256.digests(*good[:i], bad, *good[i + 1:])
+
+
+def test_c_tables_and_python_sets_flag_the_same_rows_as_they_grow(hashing, monkeypatch):
+    monkeypatch.setattr(seen_mod, "MAX_IDS", 100)  # a table made for 100 ids, then given 5,000
+    rng = np.random.default_rng(0)
+    pool = [hashlib.sha256(str(i).encode()).hexdigest()[:24] for i in range(3000)]
+    table, reference = seen_mod._empty_sets()["responses"], set()
+    assert isinstance(table, seen_mod.IdSet if hashing == "hashlib" else seen_mod.IdTable)
+    for size in (1, 10, 300, 1000, 2000, 0, 700):
+        chunk = [pool[i] for i in rng.integers(0, len(pool), size)]
+        expected = []
+        for value in chunk:
+            expected.append(value not in reference)
+            reference.add(value)
+        assert table.first_rows(pa.array(chunk, pa.string())).tolist() == expected
+        assert len(table) == len(reference)
+
+
+def test_the_c_table_refuses_what_is_not_a_content_id(hashing):
+    if hashing != "c":
+        pytest.skip("the C function's own checks")
+    table = seen_mod.IdTable()
+    for bad in ("abc", "g" * 24, "A" * 24):
+        with pytest.raises(ValueError, match="24 hex"):
+            table.first_rows(pa.array([bad]))
+    full = np.zeros(2 * 4, np.uint64)
+    ids = pa.array([hashlib.sha256(str(i).encode()).hexdigest()[:24] for i in range(5)])
+    with pytest.raises(ValueError, match="full"):
+        ids_mod._sha256.first_new(full, *ids_mod.string_layout(ids), np.zeros(5, np.uint8))
