@@ -43,6 +43,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -93,9 +94,12 @@ class Spool:
     def _write_rest(self, staged: pa.Table) -> None:
         texts = [side[2] for side in RESPONSE_SIDES[self.kind]]
         rest = staged.drop_columns(texts)
-        new_p = staged.column("new_p")
-        for name in ("prompt", "messages"):  # a prompt's text is written once, by its first row
-            kept = pc.if_else(new_p, staged.column(name), pa.scalar(None, pa.string()))
+        # a prompt's text is spooled once, by its first row; take() copies only those texts (if_else
+        # kept every row's bytes in its buffer, and so in the spool)
+        new_p = staged.column("new_p").to_numpy()
+        rows = pa.array(np.arange(len(new_p)), mask=~new_p)
+        for name in ("prompt", "messages"):
+            kept = staged.column(name).take(rows)
             rest = rest.set_column(rest.schema.get_field_index(name), name, kept)
         if self.writer is None:
             self.writer = pa.ipc.new_file(self.path, rest.schema)
