@@ -27,9 +27,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 try:  # setup.py builds it where a C compiler and OpenSSL's headers are
-    from annotation import _sha256
+    from annotation import _sha256 as native
 except ImportError:
-    _sha256 = None
+    native = None
 
 ID_SEPARATOR = "\x1f"
 ID_CHARS = 24
@@ -164,7 +164,7 @@ def joined_ids(columns: list) -> pa.Array:
     """
     joined = pc.binary_join_element_wise(*[_plain_strings(c) for c in columns], ID_SEPARATOR,
                                          null_handling="replace", null_replacement="")
-    if _sha256 is not None:
+    if native is not None:
         heads = pa.array([""], pa.string())
         return _hex_prefixes(_c_digests(heads, np.zeros(len(joined), np.int32), joined), len(joined))
     digests = b"".join(map(_SHA256.digest, map(hashlib.sha256, joined.cast(pa.binary()).to_pylist())))
@@ -201,7 +201,7 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
     texts = _plain_strings(texts)
     if texts.null_count:
         raise ValueError("staged response texts cannot be null")
-    if _sha256 is not None:
+    if native is not None:
         heads = pc.binary_join_element_wise(_plain_strings(keys), "", ID_SEPARATOR)
         rows = key_of_row.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
         return _hex_prefixes(_c_digests(heads, rows, texts), len(texts))
@@ -214,7 +214,7 @@ def keyed_ids(keys: pa.Array, key_of_row: pa.Array, texts) -> pa.Array:
 
 def _c_digests(heads: pa.Array, head_of_row: np.ndarray, texts: pa.Array) -> bytes:
     """sha256(heads[head_of_row[i]] + texts[i]) of every row, concatenated (annotation/_sha256.c)."""
-    return _sha256.digests(*string_layout(heads), np.ascontiguousarray(head_of_row), *string_layout(texts))
+    return native.digests(*string_layout(heads), np.ascontiguousarray(head_of_row), *string_layout(texts))
 
 
 def string_layout(strings: pa.Array) -> tuple[np.ndarray, pa.Buffer]:

@@ -28,12 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from annotation.ids import string_layout
-
-try:  # setup.py builds it where a C compiler and OpenSSL's headers are
-    from annotation import _sha256
-except ImportError:
-    _sha256 = None
+from annotation.ids import native, string_layout
 
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
@@ -67,7 +62,7 @@ class SeenIds:
 
 
 def _empty_sets() -> dict:
-    kind = IdSet if _sha256 is None else IdTable
+    kind = IdSet if native is None else IdTable
     return {"prompts": kind(), "responses": kind(), "judgments": kind()}
 
 
@@ -88,7 +83,7 @@ class IdTable:
         if 2 * (self.size + len(ids)) > len(self.words) // 2:  # a caller past MAX_IDS: more room
             self._grow(self.size + len(ids))
         new = np.zeros(len(ids), np.uint8)
-        self.size += _sha256.first_new(self.words, *string_layout(ids), new)
+        self.size += native.first_new(self.words, *string_layout(ids), new)
         return new.view(bool)
 
     def _grow(self, size: int) -> None:
