@@ -46,7 +46,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 
 try:
     import fcntl
@@ -105,13 +104,15 @@ class Spool:
             self.writer = pa.ipc.new_file(self.path, rest.schema)
         self.writer.write_table(rest)
 
-    def rest(self) -> pa.Table | ds.Dataset | None:
+    def rest(self) -> pa.Table | pa.dataset.Dataset | None:
         """Everything but the response texts, mapped or as a dataset (see MAP_BYTES); None when the
         stream had no chunk."""
         if self.writer is None:
             return None
         if os.path.getsize(self.path) < MAP_BYTES:
             return pa.ipc.open_file(pa.memory_map(self.path)).read_all()
+        import pyarrow.dataset as ds  # here: importing it takes ~0.3 s (it brings pandas)
+
         return ds.dataset(self.path, format="arrow")
 
 

@@ -140,14 +140,8 @@ def main() -> None:
     shape, n_pairs, seq, (rm_batch, dpo_batch), steps, device = PLANS["smoke" if args.smoke else "gpu"]
     out = Path(args.out)
     work = Path(args.work or out / "work-1b")
-    work.mkdir(parents=True, exist_ok=True)
-    db = str(work / "bench.duckdb")
-    mfu.write_pairs(work / "pairs.jsonl", n_pairs, words=seq + 16)
-    texts = [json.loads(line)["chosen"] for line in (work / "pairs.jsonl").open()][:64]
-    base = str(mfu.build_model(work / "base", shape, texts)[0])
-    mfu.cli(["--db", db, "ingest", str(work / "pairs.jsonl"), "--format", "trl"])
-    flags = ["--base-model", base, "--device", device, "--max-length", str(seq), "--val-fraction",
-             "0.05", "--eval-every", "100000", "--lr", "1e-5"]
+    db, base, _ = mfu.prepare(work, shape, n_pairs, seq)
+    flags = mfu.train_flags(base, device, seq)
     lora = ["--lora-rank", str(LORA_RANK)]
     rm = ["--db", db, "train", "rm", *flags, "--batch-size", str(rm_batch)]
     dpo = ["--db", db, "train", "po", "--loss", "dpo", *flags, "--batch-size", str(dpo_batch)]

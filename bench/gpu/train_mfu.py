@@ -163,6 +163,24 @@ def measure(name: str, argv: list[str], steps: int, tokens_per_step: int, flops_
     return line | {"final": m2}
 
 
+def prepare(work: Path, shape: dict, n_pairs: int, seq: int) -> tuple[str, str, int]:
+    """`work` with TRL pairs written and ingested into a store, and a base model of `shape` built
+    from their texts: (store path, base model folder, its parameters)."""
+    work.mkdir(parents=True, exist_ok=True)
+    db = str(work / "bench.duckdb")
+    write_pairs(work / "pairs.jsonl", n_pairs, words=seq + 16)
+    texts = [json.loads(line)["chosen"] for line in (work / "pairs.jsonl").open()][:64]
+    base, parameters = build_model(work / "base", shape, texts)
+    cli(["--db", db, "ingest", str(work / "pairs.jsonl"), "--format", "trl"])
+    return db, str(base), parameters
+
+
+def train_flags(base: str, device: str, seq: int) -> list[str]:
+    """The `bradley train` flags every measured run shares."""
+    return ["--base-model", base, "--device", device, "--max-length", str(seq),
+            "--val-fraction", "0.05", "--eval-every", "100000", "--lr", "1e-5"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True, help="folder for the JSON lines (and the models)")
@@ -174,16 +192,9 @@ def main() -> None:
     shape, n_pairs, seq, (rm_batch, dpo_batch), steps, device = PLANS["smoke" if args.smoke else "gpu"]
     out = Path(args.out)
     work = Path(args.work or out / "work")
-    work.mkdir(parents=True, exist_ok=True)
-    db = str(work / "bench.duckdb")
-    write_pairs(work / "pairs.jsonl", n_pairs, words=seq + 16)
-    texts = [json.loads(line)["chosen"] for line in (work / "pairs.jsonl").open()][:64]
-    base, parameters = build_model(work / "base", shape, texts)
-    base = str(base)
-    cli(["--db", db, "ingest", str(work / "pairs.jsonl"), "--format", "trl"])
+    db, base, parameters = prepare(work, shape, n_pairs, seq)
     common = ["--db", db, "train"]
-    flags = ["--base-model", base, "--device", device, "--max-length", str(seq),
-             "--val-fraction", "0.05", "--eval-every", "100000", "--lr", "1e-5"]
+    flags = train_flags(base, device, seq)
     if args.serve_only:  # a 135M reward model for bench/score_load.py, and no measurements
         line = json.loads(cli([*common, "rm", *flags, "--batch-size", str(rm_batch), "--steps",
                                str(steps), "--out", str(work / "rm_serve")]))

@@ -11,11 +11,13 @@ that keeps /metrics private would.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -88,15 +90,17 @@ def served(tmp_path_factory):
         stop(proc)
 
 
-def scrape_config(target: str, tmp: Path) -> Path:
-    """deploy/prometheus/prometheus.yml, scraping `target` every second, with rules.yml beside it."""
+def scrape_config(target: str, tmp: Path, rules: dict | None = None, key: str | None = API_KEY) -> Path:
+    """deploy/prometheus/prometheus.yml scraping `target` every second (with `key` as its bearer
+    token, when given), and `rules` (default rules.yml) beside it, evaluated every second."""
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
     (job,) = config["scrape_configs"]
     job["static_configs"] = [{"targets": [target]}]
-    (tmp / "bradley-key").write_text(API_KEY)
-    job["authorization"] = {"type": "Bearer", "credentials_file": str(tmp / "bradley-key")}
-    rules = yaml.safe_load(RULES.read_text())
+    if key is not None:
+        (tmp / "bradley-key").write_text(key)
+        job["authorization"] = {"type": "Bearer", "credentials_file": str(tmp / "bradley-key")}
+    rules = rules or yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
         group["interval"] = "1s"
     (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
@@ -105,10 +109,10 @@ def scrape_config(target: str, tmp: Path) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def prometheus(served, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("prometheus")
-    config, port, log = scrape_config(served, tmp), free_port(), tmp / "prometheus.log"
+@contextlib.contextmanager
+def running_prometheus(config: Path, tmp: Path) -> Iterator[str]:
+    """Prometheus on `config`, its data and log in `tmp`, until the block ends: its URL."""
+    port, log = free_port(), tmp / "prometheus.log"
     proc = subprocess.Popen([tool("prometheus"), f"--config.file={config}",
                              f"--storage.tsdb.path={tmp / 'data'}",
                              f"--web.listen-address=127.0.0.1:{port}"],
@@ -118,6 +122,13 @@ def prometheus(served, tmp_path_factory):
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(proc)
+
+
+@pytest.fixture(scope="module")
+def prometheus(served, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("prometheus")
+    with running_prometheus(scrape_config(served, tmp), tmp) as url:
+        yield url
 
 
 def traffic(target: str) -> None:

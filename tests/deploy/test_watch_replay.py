@@ -29,8 +29,14 @@ import httpx
 import pytest
 import yaml
 
-from tests.deploy.conftest import DEPLOY, ROOT, RULES, tool
-from tests.deploy.test_prometheus_live import free_port, stop, wait_for
+from tests.deploy.conftest import ROOT, RULES
+from tests.deploy.test_prometheus_live import (
+    free_port,
+    running_prometheus,
+    scrape_config,
+    stop,
+    wait_for,
+)
 
 SPEED = 60  # production minutes per test second
 PHASES = {"stable": 10.0, "lengthening": 30.0, "ood": 20.0}  # seconds, in this order
@@ -114,31 +120,22 @@ def faster(duration: str) -> str:
     return f"{max(1, seconds // SPEED)}s"
 
 
-def fast_rules(tmp: Path) -> Path:
+def fast_rules() -> dict:
+    """rules.yml with every window and `for` SPEED times shorter."""
     rules = yaml.safe_load(RULES.read_text())
     for group in rules["groups"]:
-        group["interval"] = "1s"
         for rule in group["rules"]:
             if "for" in rule:
                 rule["for"] = faster(rule["for"])
             rule["expr"] = re.sub(r"\[(\w+)\]", lambda m: f"[{faster(m.group(1))}]", rule["expr"])
-    (tmp / "rules.yml").write_text(yaml.safe_dump(rules))
-    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
-    config["global"] |= {"scrape_interval": "1s", "evaluation_interval": "1s"}
-    return write_config(config, tmp)
-
-
-def write_config(config: dict, tmp: Path) -> Path:
-    path = tmp / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    return rules
 
 
 @pytest.fixture(scope="module")
 def stack(trained, tmp_path_factory):
     """`bradley serve` of the trained model with windows of 128 items, and Prometheus scraping it."""
     tmp = tmp_path_factory.mktemp("stack")
-    port, prom_port = free_port(), free_port()
+    port = free_port()
     env = {**os.environ, "BRADLEY_DEVICE": "cpu", "BRADLEY_TORCH_THREADS": "1",
            "OMP_NUM_THREADS": "1", "BRADLEY_LOG_LEVEL": "warning", "BRADLEY_WATCH": "on",
            "BRADLEY_WATCH_WINDOW": "128"}
@@ -147,21 +144,12 @@ def stack(trained, tmp_path_factory):
                                "serve", "--port", str(port), "--model", str(trained[0])],
                               cwd=ROOT, env=env, stdout=serve_log.open("wb"),
                               stderr=subprocess.STDOUT)
-    config = fast_rules(tmp)
-    job = yaml.safe_load(config.read_text())
-    job["scrape_configs"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{port}"]}]
-    write_config(job, tmp)
-    prom_log = tmp / "prometheus.log"
-    prometheus = subprocess.Popen([tool("prometheus"), f"--config.file={config}",
-                                   f"--storage.tsdb.path={tmp / 'data'}",
-                                   f"--web.listen-address=127.0.0.1:{prom_port}"],
-                                  cwd=tmp, stdout=prom_log.open("wb"), stderr=subprocess.STDOUT)
+    config = scrape_config(f"127.0.0.1:{port}", tmp, fast_rules(), key=None)
     try:
         wait_for(f"http://127.0.0.1:{port}/readyz", server, serve_log)
-        wait_for(f"http://127.0.0.1:{prom_port}/-/ready", prometheus, prom_log, timeout=60)
-        yield f"http://127.0.0.1:{port}", f"http://127.0.0.1:{prom_port}"
+        with running_prometheus(config, tmp) as prometheus:
+            yield f"http://127.0.0.1:{port}", prometheus
     finally:
-        stop(prometheus)
         stop(server)
 
 
