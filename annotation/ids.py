@@ -237,6 +237,16 @@ def _plain_strings(column) -> pa.Array:
 def _hex_prefixes(digests: bytes, n: int) -> pa.Array:
     """The first ID_CHARS hex characters of each of n concatenated sha256 digests, as Arrow strings."""
     head = np.frombuffer(digests, dtype=np.uint8).reshape(n, hashlib.sha256().digest_size)
-    chars = _HEX_PAIRS[head[:, :ID_CHARS // 2]]
+    return hex_ids(head[:, :ID_CHARS // 2])
+
+
+def hex_ids(id_bytes: np.ndarray) -> pa.Array:
+    """Rows of ID_CHARS // 2 bytes as ids of ID_CHARS lowercase hex characters, as Arrow strings.
+
+    >>> hex_ids(np.array([range(12)], np.uint8)).to_pylist()
+    ['000102030405060708090a0b']
+    """
+    n = len(id_bytes)
+    chars = _HEX_PAIRS[id_bytes]
     offsets = np.arange(0, ID_CHARS * n + 1, ID_CHARS, dtype=np.int32)
     return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(chars)])

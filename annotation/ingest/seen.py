@@ -28,11 +28,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from annotation.ids import native, string_layout
+from annotation.ids import hex_ids, native, string_layout
 
 # staged kind -> (flag column, id column) of its responses, in the order they are written
 RESPONSE_FLAGS = {"judgments": (("new_a", "rid_a"), ("new_b", "rid_b")), "feedback": (("new_r", "rid"),)}
 MAX_IDS = 4_000_000  # a million-judgment file keeps all of its ids (~400 MB in Python sets)
+FIRST_IDS = 1 << 15  # an IdTable's first room; it grows as ids come
 
 
 class SeenIds:
@@ -68,11 +69,12 @@ def _empty_sets() -> dict:
 
 class IdTable:
     """Content ids in an open-addressing table of 16-byte slots, filled in C without the GIL
-    (annotation/_sha256.c `first_new`). Room for MAX_IDS at half load is allocated at once: the
-    pages are only touched, so only counted in memory, as ids land in them."""
+    (annotation/_sha256.c `first_new`). The table starts small and grows fourfold when more than half
+    full: a table made for MAX_IDS at once costs its whole size in freshly zeroed pages at its first
+    ids, and most batches are far smaller."""
 
     def __init__(self) -> None:
-        self.words = np.zeros(2 * _capacity(MAX_IDS), np.uint64)
+        self.words = np.zeros(2 * _capacity(FIRST_IDS), np.uint64)
         self.size = 0
 
     def __len__(self) -> int:
@@ -80,8 +82,8 @@ class IdTable:
 
     def first_rows(self, ids) -> np.ndarray:
         """True at the first row of each id new to the table, which learns them."""
-        if 2 * (self.size + len(ids)) > len(self.words) // 2:  # a caller past MAX_IDS: more room
-            self._grow(self.size + len(ids))
+        if 2 * (self.size + len(ids)) > len(self.words) // 2:
+            self._grow(2 * (self.size + len(ids)))
         new = np.zeros(len(ids), np.uint8)
         self.size += native.first_new(self.words, *string_layout(ids), new)
         return new.view(bool)
@@ -90,7 +92,7 @@ class IdTable:
         old = self.words.reshape(-1, 2)
         self.words = np.zeros(2 * _capacity(size), np.uint64)
         self.size = 0
-        self.first_rows(_hex_ids(old[old[:, 1] != 0]))
+        self.first_rows(_slot_ids(old[old[:, 1] != 0]))
 
 
 def _capacity(ids: int) -> int:
@@ -98,9 +100,11 @@ def _capacity(ids: int) -> int:
     return 1 << max(10, int(2 * ids - 1).bit_length())
 
 
-def _hex_ids(words: np.ndarray) -> pa.Array:
+def _slot_ids(slots: np.ndarray) -> pa.Array:
     """The ids of IdTable slots (first 64 bits, then 2^32 + the last 32), as 24 hex characters."""
-    return pa.array([f"{hi:016x}{lo & 0xFFFFFFFF:08x}" for hi, lo in words.tolist()], pa.string())
+    first = slots[:, 0].astype(">u8").view(np.uint8).reshape(-1, 8)
+    last = slots[:, 1].astype(np.uint32).astype(">u4").view(np.uint8).reshape(-1, 4)
+    return hex_ids(np.concatenate([first, last], axis=1))
 
 
 class IdSet:

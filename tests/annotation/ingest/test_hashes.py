@@ -95,7 +95,7 @@ def test_the_c_digests_refuse_offsets_and_indices_out_of_range(hashing):
 
 
 def test_c_tables_and_python_sets_flag_the_same_rows_as_they_grow(hashing, monkeypatch):
-    monkeypatch.setattr(seen_mod, "MAX_IDS", 100)  # a table made for 100 ids, then given 5,000
+    monkeypatch.setattr(seen_mod, "FIRST_IDS", 100)  # a table made for 100 ids, then given 5,000
     rng = np.random.default_rng(0)
     pool = [hashlib.sha256(str(i).encode()).hexdigest()[:24] for i in range(3000)]
     table, reference = seen_mod._empty_sets()["responses"], set()
