@@ -50,7 +50,8 @@ class SeenIds:
         """`staged` (with ids.with_ids' columns) plus boolean new_* columns."""
         if sum(map(len, self.sets.values())) > self.max_ids:
             self.forgot.update(name for name, ids in self.sets.items() if len(ids))
-            self.sets = _empty_sets()
+            for ids in self.sets.values():
+                ids.clear()
         flags = {"new_p": _first_prompt_rows(staged.column("pid"), self.sets["prompts"])}
         for flag, column in RESPONSE_FLAGS[kind]:
             flags[flag] = self.sets["responses"].first_rows(staged.column(column))
@@ -79,6 +80,11 @@ class IdTable:
 
     def __len__(self) -> int:
         return self.size
+
+    def clear(self) -> None:
+        """Forget every id, keeping the room: its pages are in memory already."""
+        self.words.fill(0)
+        self.size = 0
 
     def first_rows(self, ids) -> np.ndarray:
         """True at the first row of each id new to the table, which learns them."""
@@ -115,6 +121,9 @@ class IdSet:
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def clear(self) -> None:
+        self.ids.clear()
 
     def first_rows(self, ids) -> np.ndarray:
         """True at the first row of each id new to the set, which learns them. map() drives the
