@@ -349,7 +349,13 @@ def _columnar_pass(writer: _Writer, parts: list[Part], known: set[str]) -> None:
     # Parsing, checking and hashing run in reader threads while DuckDB's one INSERT takes the
     # chunks before: on two cores that overlap is much of the speed.
     chunks = _columnar_chunks(parts, writer.opts, writer.sha, known)
-    writer.add_stream("judgments", read_ahead(writer.seen.flag("judgments", c) for c in chunks))
+
+    def flagged() -> Iterator[pa.Table]:
+        for chunk in chunks:
+            yield writer.seen.flag("judgments", chunk)
+        writer.seen.release()  # the INSERTs from the spool that follow need the memory more
+
+    writer.add_stream("judgments", read_ahead(flagged()))
 
 
 def _columnar_chunks(parts: list[Part], opts: _Options, sha: Future,

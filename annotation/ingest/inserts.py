@@ -50,8 +50,15 @@ _REPEATED = {
                "GROUP BY id HAVING count(*) > 1)",
     # responses of those prompts (a response id hashes its prompt's), then those the batch wrote twice
     "responses": "prompt_id IN (SELECT id FROM _bradley_ids)",
-    "responses_in_batch": "id IN (SELECT id FROM responses WHERE rowid > $1 GROUP BY id HAVING count(*) > 1)",
+    # ids the batch wrote twice, narrowed by their 64-bit hash (grouping those is ~2x cheaper than strings)
+    "responses_in_batch": "rowid > $1 AND hash(id) IN (SELECT hash(id) FROM responses WHERE rowid > $1 "
+                          "GROUP BY ALL HAVING count(*) > 1)",
+    "judgments_in_batch": "batch_id = $1 AND hash(id) IN (SELECT hash(id) FROM judgments WHERE batch_id = $1 "
+                          "GROUP BY ALL HAVING count(*) > 1)",
 }
+# whether any id of the batch may repeat: rarely, so the DELETE above is usually skipped
+_MAY_REPEAT = {"responses": "SELECT count(*) > count(DISTINCT hash(id)) FROM responses WHERE rowid > $1",
+               "judgments": "SELECT count(*) > count(DISTINCT hash(id)) FROM judgments WHERE batch_id = $1"}
 _DEDUP = {
     "prompts": "DELETE FROM prompts WHERE rowid IN (" + _LATER_COPIES.format(
         table="prompts", where=_REPEATED["prompts"]) + ") RETURNING id",
@@ -63,8 +70,7 @@ _DEDUP = {
     "judgments": "DELETE FROM judgments WHERE batch_id = $1 AND id IN (SELECT o.id FROM judgments o "
                  "JOIN (SELECT id FROM judgments WHERE batch_id = $1) n ON n.id = o.id WHERE o.batch_id <> $1)",
     "judgments_in_batch": "DELETE FROM judgments WHERE rowid IN (" + _LATER_COPIES.format(
-        table="judgments", where="batch_id = $1 AND id IN (SELECT id FROM judgments WHERE batch_id = $1 "
-                                 "GROUP BY id HAVING count(*) > 1)") + ")",
+        table="judgments", where=_REPEATED["judgments_in_batch"]) + ")",
     # rows of an export written before content ids, whose ids the store's upgrade renamed
     "former": "DELETE FROM judgments WHERE batch_id = $1 AND given_id IN (SELECT former_id FROM former_ids)",
     "former_feedback": "DELETE FROM feedback WHERE batch_id = $1 AND given_id IN (SELECT former_id FROM former_ids)",
@@ -128,10 +134,10 @@ def drop_earlier_ids(cur, batch_id: str, marks: dict[str, int], own_ids: bool,
             cur.execute(_DEDUP["responses"])
         finally:
             cur.unregister("_bradley_ids")
-    if "responses" in forgot:
+    if "responses" in forgot and cur.execute(_MAY_REPEAT["responses"], [marks["responses"]]).fetchone()[0]:
         cur.execute(_DEDUP["responses_in_batch"], [marks["responses"]])
     cur.execute(_DEDUP["judgments"], [batch_id])
-    if "judgments" in forgot:
+    if "judgments" in forgot and cur.execute(_MAY_REPEAT["judgments"], [batch_id]).fetchone()[0]:
         cur.execute(_DEDUP["judgments_in_batch"], [batch_id])
     if own_ids:
         cur.execute(_DEDUP["former"], [batch_id])

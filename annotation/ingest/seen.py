@@ -46,6 +46,10 @@ class SeenIds:
         self.forgot: set[str] = set()  # tables whose ids were forgotten: copies inside the batch possible
         self.own_ids = False  # some row carried an `id`: it may name a row of an older export
 
+    def release(self) -> None:
+        """Free the ids' memory once no more rows will be flagged (forgot and own_ids stay)."""
+        self.sets = None
+
     def flag(self, kind: str, staged: pa.Table) -> pa.Table:
         """`staged` (with ids.with_ids' columns) plus boolean new_* columns."""
         if sum(map(len, self.sets.values())) > self.max_ids:
