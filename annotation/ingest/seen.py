@@ -74,9 +74,9 @@ def _empty_sets() -> dict:
 
 class IdTable:
     """Content ids in an open-addressing table of 16-byte slots, filled in C without the GIL
-    (annotation/_sha256.c `first_new`). The table starts small and grows fourfold when more than half
-    full: a table made for MAX_IDS at once costs its whole size in freshly zeroed pages at its first
-    ids, and most batches are far smaller."""
+    (annotation/_sha256.c `first_new`). The table starts small and, past half full, grows to the
+    next power of two that is at most half full: a table made for MAX_IDS at once costs its whole
+    size in freshly zeroed pages at its first ids, and most batches are far smaller."""
 
     def __init__(self) -> None:
         self.words = np.zeros(2 * _capacity(FIRST_IDS), np.uint64)
@@ -93,7 +93,7 @@ class IdTable:
     def first_rows(self, ids) -> np.ndarray:
         """True at the first row of each id new to the table, which learns them."""
         if 2 * (self.size + len(ids)) > len(self.words) // 2:
-            self._grow(2 * (self.size + len(ids)))
+            self._grow(self.size + len(ids))
         new = np.zeros(len(ids), np.uint8)
         self.size += native.first_new(self.words, *string_layout(ids), new)
         return new.view(bool)
