@@ -34,26 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import process_cpu  # noqa: E402
-from bench.score_load import MODELS, free_port, hh_items, start, stop  # noqa: E402
+from bench.common import percentile_ms, post, process_cpu  # noqa: E402
+from bench.score_load import MODELS, free_port, hh_items, serve_argv, start, stop  # noqa: E402
 
 ABUSER_ADDRESS = "127.0.0.2"  # the whole 127.0.0.0/8 is loopback on Linux
 PROBE_EVERY_S = 0.02
-
-
-async def _request(reader, writer, method: str, path: str, body: bytes = b"") -> tuple[int, bool]:
-    """(status, server asked to close) of one request on an open keep-alive connection."""
-    writer.write((f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                  f"Content-Length: {len(body)}\r\n\r\n").encode() + body)
-    status = int((await reader.readline()).split()[1])
-    length, close = 0, False
-    while (line := await reader.readline()) not in (b"\r\n", b""):
-        name, _, value = line.partition(b":")
-        if name.lower() == b"content-length":
-            length = int(value)
-        close = close or (name.lower() == b"connection" and value.strip().lower() == b"close")
-    await reader.readexactly(length)
-    return status, close
 
 
 async def _loop(port: int, deadline: float, method: str, path: str, body: bytes, out: dict,
@@ -65,9 +50,8 @@ async def _loop(port: int, deadline: float, method: str, path: str, body: bytes,
             if conn is None:
                 conn = await asyncio.open_connection(
                     "127.0.0.1", port, local_addr=(source, 0) if source else None)
-            started = time.perf_counter()
-            status, close = await _request(*conn, method, path, body)
-            out["latencies"].append(time.perf_counter() - started)
+            status, _, seconds, close = await post(*conn, body, path, method=method)
+            out["latencies"].append(seconds)
             out["statuses"][status] += 1
             if close:
                 conn[1].close()
@@ -110,15 +94,11 @@ def phase(port: int, pid: int, normal: list[bytes], abusive: bytes, args, abuser
     out = {"server_cpu_share": round((process_cpu(pid)[1] - cpu) / seconds, 2)}
     for name, r in results.items():
         lat = sorted(r["latencies"])
-        out[name] = {"requests": len(lat), "p50_ms": percentile_ms(lat, 0.5),
-                     "p99_ms": percentile_ms(lat, 0.99),
+        out[name] = {"requests": len(lat), "p50_ms": percentile_ms(lat, 0.5, 1),
+                     "p99_ms": percentile_ms(lat, 0.99, 1),
                      "statuses": {str(k): v for k, v in sorted(r["statuses"].items(), key=str)}}
     out["normal"]["items_per_s"] = round(len(results["normal"]["latencies"]) / seconds, 1)
     return out
-
-
-def percentile_ms(ordered: list[float], q: float) -> float | None:
-    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], 1) if ordered else None
 
 
 def non_2xx(statuses: dict) -> int:
@@ -133,7 +113,6 @@ def main() -> None:
     parser.add_argument("--item-chars", type=int, default=1024,
                         help="characters per abusive item (prompt + response)")
     args = parser.parse_args()
-    sys.path.insert(0, str(ROOT))
     from rm.model.reward_model import build_tiny_reward_model
     from service.api.settings import Settings
 
@@ -144,10 +123,8 @@ def main() -> None:
         folder = str(build_tiny_reward_model(Path(tmp) / "rm-tiny", [p + " " + r for p, r in items],
                                              **MODELS["tiny"][0]))
         port = free_port()
-        env = {"BRADLEY_LOG_LEVEL": "warning", "BRADLEY_DEVICE": "cpu"}
-        argv = [sys.executable, "-m", "service.cli", "--db", str(Path(tmp) / "none.duckdb"),
-                "serve", "--read-only", "--port", str(port), "--model", folder]
-        server = start(argv, port, env)
+        server = start(serve_argv(folder, port), port,
+                       {"BRADLEY_LOG_LEVEL": "warning", "BRADLEY_DEVICE": "cpu"})
         try:
             warm = argparse.Namespace(**{**vars(args), "seconds": 3.0})
             phase(port, server.pid, normal, abusive, warm, abusers=0)

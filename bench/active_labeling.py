@@ -24,8 +24,6 @@ random's at 800; the goal is <= 600). Run: `nice -n 10 .venv/bin/python bench/ac
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import shutil
 import sys
@@ -40,30 +38,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from annotation.label_studio import selection  # noqa: E402
-from service.cli.main import main as bradley  # noqa: E402
+from bench.common import cli  # noqa: E402
 
 CHECKPOINTS = (200, 400, 800)
 
 
-def cli(*args: str) -> dict:
-    """Run a bradley command in this process; its last stdout line as JSON (or {})."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = bradley(list(args))
-    if code:
-        raise RuntimeError(f"bradley {' '.join(args)} exited {code}")
-    lines = out.getvalue().strip().splitlines()
-    try:
-        return json.loads(lines[-1]) if lines else {}
-    except json.JSONDecodeError:
-        return {}
-
-
 def simulated(work: Path, prompts: int, seed: int) -> tuple[list[dict], dict]:
     out = work / "sim.jsonl"
-    cli("simulate", str(out), "--prompts", str(prompts), "--responses", "4", "--raters", "2",
-        "--raters-per-pair", "1", "--noisy-share", "0", "--adversarial-share", "0", "--ai-raters", "0",
-        "--length-bias", "0", "--cycle-rate", "0", "--tie-rate", "0", "--seed", str(seed))
+    cli(["simulate", str(out), "--prompts", str(prompts), "--responses", "4", "--raters", "2",
+         "--raters-per-pair", "1", "--noisy-share", "0", "--adversarial-share", "0", "--ai-raters",
+         "0", "--length-bias", "0", "--cycle-rate", "0", "--tie-rate", "0", "--seed", str(seed)])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return rows, json.loads(Path(f"{out}.truth.json").read_text())
 
@@ -92,9 +76,9 @@ def train(work: Path, labeled: list[dict], tag: str, seed: int, epochs: float):
     data = folder / "labels.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in labeled))
     db = str(folder / "store.duckdb")
-    cli("--db", db, "ingest", str(data))
-    cli("--db", db, "train", "rm", "--base-model", "tiny", "--epochs", str(epochs),
-        "--val-fraction", "0", "--seed", str(seed), "--out", str(folder / "rm"))
+    cli(["--db", db, "ingest", str(data)])
+    cli(["--db", db, "train", "rm", "--base-model", "tiny", "--epochs", str(epochs),
+         "--val-fraction", "0", "--seed", str(seed), "--out", str(folder / "rm")])
     model = RewardModel.load(folder / "rm", device="cpu")
     shutil.rmtree(folder / "rm")
     return model

@@ -1,4 +1,5 @@
-"""What the benchmarks share: the synthetic pairs, TRL's venv, and measuring a child process.
+"""What the benchmarks share: the synthetic pairs, hh-rlhf's rows, TRL's venv, bradley in this
+process, measuring a child process and driving a server over raw HTTP.
 
 Imported as `bench.common` (each script puts the repository root on sys.path first), so the
 scripts never import one another by file name.
@@ -7,6 +8,10 @@ scripts never import one another by file name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gzip
+import io
+import json
 import os
 import random
 import subprocess
@@ -39,6 +44,26 @@ def synthetic_pairs(n: int, seed: int) -> list[dict]:
     return rows
 
 
+def hh_rlhf_rows():
+    """hh-rlhf's harmless-base test rows (under BRADLEY_SHARED_DATA, default ../shared/data), lazily."""
+    data = Path(os.environ.get("BRADLEY_SHARED_DATA", ROOT.parent / "shared" / "data"))
+    with gzip.open(data / "hh-rlhf" / "harmless-base-test.jsonl.gz", "rt", encoding="utf-8") as f:
+        yield from map(json.loads, f)
+
+
+def cli(argv: list[str]) -> str:
+    """`bradley ARGV` in this process; the last line it printed ("" if none): training's metrics."""
+    from service.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(argv)
+    if status:
+        raise SystemExit(f"bradley {' '.join(argv)} exited {status}")
+    lines = out.getvalue().strip().splitlines()
+    return lines[-1] if lines else ""
+
+
 def ensure_trl_venv() -> Path:
     """The tests' cached TRL venv (tests/cached_venv.py): built once, about 2 minutes."""
     from tests.cached_venv import trl_venv
@@ -61,12 +86,13 @@ def run_measured(cmd: list[str], work: Path, name: str, env: dict | None = None)
 
 
 async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes,
-               path: str = "/score", key: str | None = None) -> tuple[int, bytes, float]:
-    """One HTTP/1.1 POST over a kept-alive connection: (status, body, seconds). Raw sockets, so the
-    load generator costs the client little next to the server it measures. `key`: sent as a bearer
-    key (a keyed caller is not held to the anonymous limits)."""
+               path: str = "/score", key: str | None = None,
+               method: str = "POST") -> tuple[int, bytes, float, bool]:
+    """One HTTP/1.1 request over a kept-alive connection: (status, body, seconds, whether the server
+    asked to close). Raw sockets, so the load generator costs the client little next to the server
+    it measures. `key`: sent as a bearer key (a keyed caller is not held to the anonymous limits)."""
     auth = f"Authorization: Bearer {key}\r\n" if key else ""
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    head = (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"{auth}Content-Length: {len(body)}\r\n\r\n").encode()
     started = time.perf_counter()
     if len(body) > 65536:  # not copied just to put the head in front: the server shares the cores
@@ -75,12 +101,20 @@ async def post(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body:
     else:
         writer.write(head + body)
     status = int((await reader.readline()).split()[1])
-    length = 0
+    length, close = 0, False
     while (line := await reader.readline()) not in (b"\r\n", b""):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":")[1])
+        name, _, value = line.partition(b":")
+        if name.lower() == b"content-length":
+            length = int(value)
+        elif name.lower() == b"connection":
+            close = value.strip().lower() == b"close"
     payload = await reader.readexactly(length)
-    return status, payload, time.perf_counter() - started
+    return status, payload, time.perf_counter() - started, close
+
+
+def percentile_ms(ordered: list[float], q: float, digits: int = 2) -> float | None:
+    """The `q` quantile of sorted seconds, in milliseconds; None when there are none."""
+    return round(1000 * ordered[min(len(ordered) - 1, int(q * len(ordered)))], digits) if ordered else None
 
 
 def process_cpu(pid: int) -> tuple[float, float]:

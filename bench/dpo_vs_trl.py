@@ -265,8 +265,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                 ("--beta", float, 0.1), ("--micro-batch", int, 1),
                                 ("--lora-rank", int, 16), ("--lora-hidden", int, 768),
                                 ("--lora-layers", int, 8), ("--lora-steps", int, 2)):
-        if not any(flag in a.option_strings for a in parser._actions):
-            parser.add_argument(flag, type=kind, default=default)
+        parser.add_argument(flag, type=kind, default=default)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT))
 def naive_server(model_dir: str, port: str) -> None:
     """One forward per request, run inside the request handler: OpenRLHF serve_rm.py's shape."""
     import torch
+    import uvicorn
     from fastapi import FastAPI
 
     from rm.model.reward_model import RewardModel
@@ -34,12 +35,6 @@ def naive_server(model_dir: str, port: str) -> None:
         return {"scores": model.score([i["prompt"] for i in items], [i["response"] for i in items],
                                       batch_size=len(items))}
 
-    _run(app, port)
-
-
-def _run(app, port: str) -> None:
-    import uvicorn
-
     @app.get("/readyz")
     async def ready():
         return {"status": "ready"}
@@ -47,7 +42,5 @@ def _run(app, port: str) -> None:
     uvicorn.run(app, host="127.0.0.1", port=int(port), log_level="warning", access_log=False)
 
 
-SERVERS = {"naive": naive_server}
-
 if __name__ == "__main__":
-    SERVERS[sys.argv[1]](*sys.argv[2:])
+    naive_server(*sys.argv[2:])  # argv[1] names the server: `naive`, the one here

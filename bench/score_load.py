@@ -1,66 +1,33 @@
 """Benchmark: /score under the load pattern of PPO/GRPO trainers, against the two numbers that matter.
 
-For a tiny reward model (hidden 64, 2 layers) and a ~5M-parameter one (hidden 256, 4 layers), both
-built from a config, on (prompt, response) items from hh-rlhf (cut to 300 characters each):
+A tiny reward model (hidden 64, 2 layers) and a ~5M-parameter one (hidden 256, 4 layers), both built
+from a config, score (prompt, response) items from hh-rlhf (cut to 300 characters each) three ways:
+`ceiling`, their offline batched forward (pre-tokenized, length-sorted, in this process; the better of
+a run before and one after the servers, `ceiling_before_after`); served, `bradley serve` driven by
+bench/load.py's 64 clients with single-sample (`single`) then 8-item (`batch8`) requests; `naive`, a
+one-forward-per-request server (bench/reference_servers.py, OpenRLHF serve_rm.py's shape). All three
+use --torch-threads.
 
-1. ceiling: the offline batched forward of the same model on the same items, pre-tokenized, in
-   length-sorted forwards of the server's token budget, in this process with --torch-threads and
-   nothing else running; the better of a measurement before and one after the servers ran
-   (`ceiling_before_after`);
-2. served: `bradley serve` (the real CLI, a separate process) driven by 64 concurrent clients over
-   keep-alive HTTP/1.1, first each sending single-sample requests (OpenRLHF's newer client), then
-   8-item requests; the load generator is raw asyncio (a few microseconds per request) and shares
-   the machine's cores with the server;
-3. naive: a server that runs one forward per request (what OpenRLHF's serve_rm.py does), same
-   clients, single-sample requests.
-
-Prints one JSON line. Top-level figures are for the 5M model, single-sample requests, 64 clients:
-items_per_s, p50_ms, p99_ms, ratio_vs_offline (served / ceiling), ratio_vs_per_request
-(served / naive); tiny_ratio_vs_offline, tiny_batch8_ratio_vs_offline and tiny_p99_ms are the cheap
-model's (where the server's own work shows); `models` has every phase
-of both models; requests_total and errors count all phases.
-Goals: ratio_vs_offline >= 0.8 for the 5M model, ratio_vs_per_request >= 3, zero errors.
-
-Fairness: the ceiling, `bradley serve` and the naive server all use --torch-threads (default:
-every core this process may use, what `bradley serve` takes on a CPU). Each phase reports the CPU
-share (cores busy) of the server and of the clients, and `server_process_cpu_ms_per_request`: the
-server process's CPU per request (HTTP, decoding, tokenizing, batching and, on a CPU, the forwards).
-
-A server with 64 single-sample clients never holds more than 64 items, so it cannot sort 1,000 by
-length as the ceiling does: `batch_bound_items_per_s` is the offline forward on the same items in a
-fixed random order sorted only within each 64 and cut as the server's batcher cuts them at its
-default padding limit (no HTTP, no tokenizing): about the most such a server could reach;
-`ratio_vs_batch_bound` is served / that bound. Each served phase also reads the server's /metrics:
-`forward_busy` (share of the phase the model was in a forward; near 1 the forward is the limit),
-`forward_items_per_s` (its speed meanwhile) and `rows_per_forward`.
-
-`layout` (per model and in the summary) is how its forwards lay out their rows (RewardModel.layout:
-"unmasked" for a causal decoder, else "masked").
-
-On a CPU a ~100-token row already fills the matmuls, so batching gains little over a naive server:
-`per_request_bound` = ceiling / `offline_single_items_per_s` (one row per forward) is the most it
-could gain here. On a GPU a single-row forward leaves the device mostly idle.
+Prints one JSON line. Top level, the 5M model's single-sample phase: items_per_s, p50_ms, p99_ms,
+ratio_vs_offline (served / ceiling), ratio_vs_per_request (served / naive), per_request_bound
+(ceiling / `offline_single_items_per_s`, one row per forward: the most batching can gain here);
+`tiny_*`, the tiny model's (where the server's own cost shows); requests_total and errors over every
+phase. Goals: ratio_vs_offline >= 0.8 (5M), ratio_vs_per_request >= 3, zero errors. `models` holds
+every phase (bench/load.py names its fields) and per model `batch_bound_items_per_s` (the offline
+forward on items sorted only within each 64, as a server holding 64 single-sample requests can),
+`ratio_vs_batch_bound` and `layout` (RewardModel.layout).
 
     nice -n 10 .venv/bin/python bench/score_load.py [--scale 1.0]
 
-`--watch` measures the reward-hacking watch instead (service/engine/watch.py), per model of
-`--watch-models` (default tiny and 5m, each a figure set of its own):
-`bradley serve` with BRADLEY_WATCH=off and =on, alternately, twice each (single-sample and 8-item
-requests, same clients); `watch_ratio` is items/s with the watch over items/s without (mean of the
-runs). Then a 3-member ensemble of the same shape (seeds 0, 1, 2: one tokenizer, one lane, a
-forward per member per batch), watch on: `ensemble_ratio_vs_single` and the cost per member and
-item, served (`per_member_ms_per_item`) and in forwards (`forward_ms_per_item_per_member`).
-
-`--model FOLDER --device cuda` benchmarks one given reward-model folder instead of the two built ones
-(bench/gpu/run.sh does this on a GPU with a 135M model); `--requests N` sets every phase to N
-requests, `--offline-seconds S` shortens the ceiling's timing and `--items N` cycles through N items
-(for smoke runs).
+`--watch`: served items/s with BRADLEY_WATCH off and on, alternately (`watch_ratio`: on / off), and
+a 3-member ensemble (`ensemble_ratio_vs_single`, `per_member_ms_per_item`). `--model FOLDER --device
+cuda`: one given model instead (bench/gpu/run.sh); `--requests`, `--offline-seconds` and `--items`
+shrink a smoke run.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import subprocess
@@ -71,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench.ceiling import offline_rate  # noqa: E402
-from bench.common import spawn, stop  # noqa: E402
+from bench.common import hh_rlhf_rows, spawn, stop  # noqa: E402
 from bench.load import CLIENTS, drive, drive_measured  # noqa: E402
 from service.engine.runtime import AUTO_BATCH_TOKENS, AUTO_PADDING  # noqa: E402
 from service.ports import free_port  # noqa: E402  (after the path line, as the script runs)
@@ -86,15 +53,13 @@ MODELS = {  # name -> build_tiny_reward_model arguments, requests per phase at s
 
 
 def hh_items(limit: int = 1000) -> list[tuple[str, str]]:
-    data = Path(os.environ.get("BRADLEY_SHARED_DATA", ROOT.parent / "shared" / "data"))
     items = []
-    with gzip.open(data / "hh-rlhf" / "harmless-base-test.jsonl.gz", "rt", encoding="utf-8") as f:
-        for line in f:
-            text = json.loads(line)["chosen"]
-            cut = text.rindex("\n\nAssistant:") + len("\n\nAssistant:")
-            items.append((text[:cut].strip()[-CUT:], text[cut:].strip()[:CUT] or "ok"))
-            if len(items) >= limit:
-                break
+    for row in hh_rlhf_rows():
+        text = row["chosen"]
+        cut = text.rindex("\n\nAssistant:") + len("\n\nAssistant:")
+        items.append((text[:cut].strip()[-CUT:], text[cut:].strip()[:CUT] or "ok"))
+        if len(items) >= limit:
+            break
     return items
 
 
@@ -117,7 +82,6 @@ def serve_argv(folder: str, port: int) -> list[str]:
 
 
 # --- the run ---------------------------------------------------------------------------------
-
 
 
 def served(folder: str, items: list, n: dict, env: dict) -> dict:

@@ -16,9 +16,7 @@ does with the store (a snapshot and its resolved pairs) against reading the Parq
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
-import os
 import random
 import sys
 import tempfile
@@ -27,17 +25,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import hh_rlhf_rows  # noqa: E402
 
 
 def sentences() -> list[str]:
-    data = Path(os.environ.get("BRADLEY_SHARED_DATA", ROOT.parent / "shared" / "data"))
     found = set()
-    with gzip.open(data / "hh-rlhf" / "harmless-base-test.jsonl.gz", "rt", encoding="utf-8") as f:
-        for line in f:
-            row = json.loads(line)
-            for text in (row["chosen"], row["rejected"]):
-                text = text.replace("\n\nHuman:", " ").replace("\n\nAssistant:", " ")
-                found.update(s.strip() + "." for s in text.split(".") if len(s.strip()) > 20)
+    for row in hh_rlhf_rows():
+        for text in (row["chosen"], row["rejected"]):
+            text = text.replace("\n\nHuman:", " ").replace("\n\nAssistant:", " ")
+            found.update(s.strip() + "." for s in text.split(".") if len(s.strip()) > 20)
     return sorted(found)
 
 

@@ -117,14 +117,8 @@ def main() -> None:
     from bench import dpo_vs_trl
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=32)
-    parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=float, default=0.1)
-    parser.add_argument("--threads", type=int, default=2)
+    dpo_vs_trl.add_arguments(parser)  # the flags both halves read, and the DPO half's
     parser.add_argument("--skip-dpo", action="store_true", help="only the reward-model half")
-    dpo_vs_trl.add_arguments(parser)  # the DPO half (bench/dpo_vs_trl.py): --beta, --micro-batch
     args = parser.parse_args()
     import torch
 

@@ -26,10 +26,8 @@ verify_ratio_vs_inprocess >= 0.7 for gsm8k on 2 cores. The load generator shares
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -39,12 +37,11 @@ import orjson
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.common import post, process_cpu, spawn, stop  # noqa: E402
+from bench.common import percentile_ms, spawn, stop  # noqa: E402
+from bench.load import CLIENTS, bodies_of, metrics, run_clients  # noqa: E402
 from service.ports import free_port  # noqa: E402
 
 KEY = "bench-verify-load-key-0123"
-
-CLIENTS = 64
 REDOS = {"prompt": "p", "response": "a" * 28 + "!", "verifier": "regex", "ground_truth": "(a+)+$"}
 
 
@@ -84,69 +81,34 @@ def in_process(items: list[dict], seconds: float) -> tuple[float, float]:
     return done / (time.perf_counter() - started), 1e6 * (time.process_time() - cpu) / done
 
 
-async def _client(port: int, bodies: list[bytes], out: dict, key: str | None) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        for body in bodies:
-            status, payload, seconds = await post(reader, writer, body, key=key)
-            out["latencies"].append(seconds)
-            if status != 200:
-                out["errors"].append(status)
-                continue
-            out["answered"] += 1
-            counts = orjson.loads(payload)["status_counts"]  # as a trainer would: C, not json
-            for name, n in counts.items():
-                out["statuses"][name] = out["statuses"].get(name, 0) + n
-            if counts.get("timeout"):
-                out["timeout_latencies"].append(out["latencies"][-1])
-    except (OSError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
-        out["errors"].append(type(exc).__name__)
-    finally:
-        writer.close()
-
-
 def drive(port: int, bodies: list[bytes], items_per_request: int, pid: int,
           key: str | None = None) -> dict:
     """items_per_s counts the items of answered (200) requests only."""
-    out: dict = {"latencies": [], "errors": [], "statuses": {}, "timeout_latencies": [], "answered": 0}
+    statuses: dict = {}
+    timeout_latencies: list[float] = []
 
-    async def main():
-        await asyncio.gather(*(_client(port, bodies[c::CLIENTS], out, key) for c in range(CLIENTS)
-                               if bodies[c::CLIENTS]))
+    def count(payload: bytes, seconds: float) -> None:
+        counts = orjson.loads(payload)["status_counts"]  # as a trainer would: C, not json
+        for name, n in counts.items():
+            statuses[name] = statuses.get(name, 0) + n
+        if counts.get("timeout"):
+            timeout_latencies.append(seconds)
 
-    started, cpu, own = time.perf_counter(), process_cpu(pid)[1], time.process_time()
-    asyncio.run(main())
-    seconds = time.perf_counter() - started
-    cpu, own = process_cpu(pid)[1] - cpu, time.process_time() - own
+    run = run_clients(port, bodies, pid, key, count)
+    seconds, lat, errors = run["seconds"], run["latencies"], run["errors"]
     n_items = len(bodies) * items_per_request
-    lat = sorted(out["latencies"])
-    pick = lambda q: round(1000 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)  # noqa: E731
-    return {"requests": len(bodies), "items_per_s": round(out["answered"] * items_per_request / seconds, 1),
-            "p50_ms": pick(0.5), "p99_ms": pick(0.99), "http_errors": len(out["errors"]),
-            "error_kinds": sorted({str(e) for e in out["errors"]})[:5],
-            "server_cpu_us_per_item": round(1e6 * cpu / n_items, 1),
-            "client_cpu_us_per_item": round(1e6 * own / n_items, 1),
-            "statuses": out["statuses"],
-            "timeout_latency_s": [round(x, 2) for x in sorted(out["timeout_latencies"])]}
+    return {"requests": len(bodies), "items_per_s": round(run["answered"] * items_per_request / seconds, 1),
+            "p50_ms": percentile_ms(lat, 0.5), "p99_ms": percentile_ms(lat, 0.99),
+            "http_errors": len(errors), "error_kinds": sorted({str(e) for e in errors})[:5],
+            "server_cpu_us_per_item": round(1e6 * run["server_cpu"] / n_items, 1),
+            "client_cpu_us_per_item": round(1e6 * run["client_cpu"] / n_items, 1),
+            "statuses": statuses, "timeout_latency_s": [round(x, 2) for x in sorted(timeout_latencies)]}
 
 
-def bodies_of(items: list[dict], requests: int, per_request: int) -> list[bytes]:
-    return [json.dumps({"items": [items[(i * per_request + k) % len(items)]
-                                  for k in range(per_request)]}).encode() for i in range(requests)]
-
-
-def start_server(port: int, db: str) -> subprocess.Popen:
-
+def start_server(port: int, db: str):
     env = {"BRADLEY_VERIFIER_WORKERS": "2", "BRADLEY_LOG_LEVEL": "warning", "BRADLEY_API_KEYS": KEY}
     argv = [sys.executable, "-m", "service.cli", "--db", db, "serve", "--port", str(port)]
     return spawn(argv, f"http://127.0.0.1:{port}/healthz", 120, "bradley serve", env)
-
-
-def metric(port: int, prefix: str) -> float:
-    import httpx
-
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
 
 
 def main() -> None:
@@ -209,9 +171,11 @@ def timeout_path(port: int, pid: int, items: list[dict], requests: int, per_requ
         value = json.loads(bodies[i * step + step // 2])
         value["items"][0] = REDOS
         bodies[i * step + step // 2] = json.dumps(value).encode()
-    before = metric(port, 'bradley_verifier_calls_total{status="timeout"')
+    prefix = 'bradley_verifier_calls_total{status="timeout"'
+    timeouts = lambda: sum(v for k, v in metrics(port).items() if k.startswith(prefix))  # noqa: E731
+    before = timeouts()
     out = drive(port, bodies, per_request, pid, key)
-    out["metrics_timeouts"] = metric(port, 'bradley_verifier_calls_total{status="timeout"') - before
+    out["metrics_timeouts"] = timeouts() - before
     for key in ("server_cpu_us_per_item", "client_cpu_us_per_item"):
         out.pop(key)  # the killed workers took their CPU counts with them
     return out

@@ -19,7 +19,6 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import os
 import random
@@ -32,21 +31,21 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench.common import hh_rlhf_rows  # noqa: E402
+
 RANKS = (0, 4, 8, 16, 32, 64)
 
 
 def hh_rows() -> list[dict]:
     from rm.eval.pairs import _hh
 
-    data = Path(os.environ.get("BRADLEY_SHARED_DATA", ROOT.parent / "shared" / "data"))
     rows = []
-    with gzip.open(data / "hh-rlhf" / "harmless-base-test.jsonl.gz", "rt", encoding="utf-8") as f:
-        for i, line in enumerate(f):
-            try:
-                row = _hh(json.loads(line))
-            except ValueError:
-                continue
-            rows.append({**row, "prompt_id": f"hh-{i}", "p_chosen": 1.0})
+    for i, raw in enumerate(hh_rlhf_rows()):
+        try:
+            row = _hh(raw)
+        except ValueError:
+            continue
+        rows.append({**row, "prompt_id": f"hh-{i}", "p_chosen": 1.0})
     return rows
 
 

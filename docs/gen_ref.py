@@ -18,10 +18,13 @@ The tests call the same functions (tests/docs/), so a page and what a test check
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import typing
 from pathlib import Path
+
+from service.cli.main import leaves
 
 ROOT = Path(__file__).resolve().parents[1]
 HELP_COLUMNS = "100"  # argparse wraps help to the terminal: fixed, so the page is the same everywhere
@@ -99,13 +102,8 @@ OTHER_VARIABLES = {
 # --- the CLI -------------------------------------------------------------------------------------
 
 
-def commands(parser: argparse.ArgumentParser, path: tuple = ()):
-    """(command path, its parser) for every command and subcommand, depth first."""
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield (*path, name), sub
-                yield from commands(sub, (*path, name))
+# (command path, its parser) for every command and subcommand, depth first
+commands = functools.partial(leaves, every=True)
 
 
 def flags(parser: argparse.ArgumentParser) -> list[str]:

@@ -33,8 +33,6 @@ per token 6 · N_rm + 12 · 30 · 576 · 1024 = 637.0M + 212.3M = 849.4M FLOPs; 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import random
 import sys
@@ -43,6 +41,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from bench.common import cli  # noqa: E402  (train_1b.py calls it as mfu.cli)
 
 PEAK_FLOPS = 790e12
 # HuggingFaceTB/SmolLM2-135M config.json: 134.5M parameters (checked in tests/bench)
@@ -86,18 +85,6 @@ def write_pairs(path: Path, n: int, words: int) -> None:
         for i in range(n):
             f.write(json.dumps({"prompt": f"question {i}: " + text(words // 4),
                                 "chosen": text(words), "rejected": text(words)}) + "\n")
-
-
-def cli(argv: list[str]) -> str:
-    """`bradley ARGV` in this process; the last line it printed (training: the JSON metrics)."""
-    from service.cli.main import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        status = main(argv)
-    if status != 0:
-        raise SystemExit(f"bradley {' '.join(argv)} exited {status}")
-    return out.getvalue().strip().splitlines()[-1]
 
 
 def matmul_parameters(shape: dict, causal_head: bool) -> int:
