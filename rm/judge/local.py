@@ -17,7 +17,6 @@ from a constitution (annotation/rlaif/constitution.py), so this module stays tex
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -30,15 +29,6 @@ Template = Callable[[str, str, str], tuple[str, str]]
 
 class JudgeError(ValueError):
     """A judge that cannot be used as given; the message names the fix."""
-
-
-def two_way(logit_first: float, logit_second: float) -> float:
-    """P(first) normalised over the two labels: σ(l_first − l_second).
-
-    >>> round(two_way(math.log(0.3), math.log(0.1)), 6)
-    0.75
-    """
-    return 1.0 / (1.0 + math.exp(logit_second - logit_first))
 
 
 def label_token_ids(tokenizer, context: str, labels: Sequence[str]) -> list[int]:

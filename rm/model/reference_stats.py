@@ -232,11 +232,3 @@ def read_reference_stats(folder) -> ReferenceStats | None:
         latent = LatentDistance(*(torch.from_numpy(arrays[k]) for k in
                                   ("mean", "variances", "components", "eigenvalues")))
     return ReferenceStats(**record, latent=latent)
-
-
-def require_reference_stats(folder, model: str, why: str) -> ReferenceStats:
-    """The folder's reference statistics, or MissingReferenceStats naming `bradley eval`."""
-    stats = read_reference_stats(folder)
-    if stats is None:
-        raise MissingReferenceStats(model, str(folder), why)
-    return stats

@@ -30,7 +30,6 @@ import torch
 
 from rm.model import device as devices
 
-VAL_FRACTION = 0.1
 EVALS_PER_RUN = 5
 FUSED_ADAMW = ("cpu", "cuda")  # devices with torch's fused AdamW kernel (torch >= 2.4)
 DEFAULT_LR = 1e-3

@@ -204,16 +204,6 @@ def load_trainable_state(module: torch.nn.Module, state: dict) -> None:
                 param.copy_(state[name].to(param.device))
 
 
-def save_adapter(peft_model, folder) -> None:
-    """peft's adapter folder (adapter_config.json, adapter_model.safetensors: the LoRA weights and
-    the fully trained head), gathered first when sharded; written by rank 0."""
-    state = devices.full_state_dict(peft_model)
-    if devices.rank() != 0:
-        return
-    kwargs = {"state_dict": state} if state is not None else {}
-    peft_model.save_pretrained(str(folder), **kwargs)
-
-
 def save_merged(peft_model, tokenizer, out_dir, record: dict, metrics: dict, keep_adapter: bool) -> None:
     """The model folder with merged weights (rm/model/reward_model.py: save_model), and peft's
     adapter folder in `adapter/` when `keep_adapter`. The folder is written with the base weights

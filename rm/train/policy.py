@@ -20,7 +20,6 @@ import json
 import sys
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -35,15 +34,13 @@ from rm.train.run import (
     Inputs,
     RunConfig,
     RunInputs,
+    base_model_folder,
     count_rows,
     new_plan,
     publish,
     read_rows,
     run_planned,
 )
-
-TINY_LR, PRETRAINED_LR = 1e-3, 5e-6  # random init takes a larger step
-PRETRAINED_LORA_LR = 5e-5  # adapters start at zero and move a low-rank subspace: a larger step
 
 
 @dataclass
@@ -53,6 +50,9 @@ class PolicyRunConfig(RunConfig):
     Each batch of `train.batch_size` pairs is cut into micro-batches of at most
     `micro_batch_tokens(device)` padded tokens, with accumulated gradients (`micro_split`)."""
 
+    PRETRAINED_LR = 5e-6
+    PRETRAINED_LORA_LR = 5e-5  # adapters start at zero and move a low-rank subspace: a larger step
+
     objective: PoConfig = field(default_factory=PoConfig)
 
     @classmethod
@@ -60,13 +60,6 @@ class PolicyRunConfig(RunConfig):
         names = PoConfig.__dataclass_fields__
         base = super().from_record(record)
         return replace(base, objective=PoConfig(**{k: record[k] for k in names if k in record}))
-
-    def lr(self) -> float:
-        if self.train.lr is not None:
-            return self.train.lr
-        if self.base_model == "tiny":
-            return TINY_LR
-        return PRETRAINED_LORA_LR if self.lora.enabled else PRETRAINED_LR
 
 
 def train_policy(config: PolicyRunConfig, inputs: Inputs, ref_cache=None) -> dict | None:
@@ -117,13 +110,8 @@ def _prepare(config: PolicyRunConfig, plan: dict, device, info):
     from rm.train import policy_data as po_data
 
     pairs, feedback = read_rows(plan["pairs"]), read_rows(plan["feedback"])
-    base = config.base_model
-    if base == "tiny":
-        base = str(Path(plan["partial"]) / "_work" / "tiny-base")
-        if info.is_main:
-            build_tiny_causal_lm(base, _texts(pairs, feedback), seed=config.train.seed)
-        devices.barrier(info)
-    model, tokenizer = load_causal_lm(base)
+    model, tokenizer = load_causal_lm(base_model_folder(config, plan, info, build_tiny_causal_lm,
+                                                        pairs, feedback))
     if config.objective.loss == "kto":
         data = po_data.kto_data(feedback, pairs, tokenizer, config.max_length)
     else:
@@ -133,15 +121,6 @@ def _prepare(config: PolicyRunConfig, plan: dict, device, info):
     net.go_padding_free(device)
     adapters = lora.add_adapters(model, config.lora, seed=config.train.seed) if config.lora.enabled else None
     return Policy(net.to(device), model, adapters, ref_hash), tokenizer, data
-
-
-def _texts(pairs: list[dict], feedback: list[dict]) -> list[str]:
-    """The tiny tokenizer's corpus: the prompts and responses (as the reward run builds it)."""
-    from rm.model.tokenizer import as_text
-    from rm.train.reward_data import row_prompt
-
-    texts = [t for r in pairs for t in (as_text(row_prompt(r)), r["chosen"], r["rejected"])]
-    return texts + [t for r in feedback for t in (as_text(row_prompt(r)), r["completion"])]
 
 
 def _reference(config: PolicyRunConfig, policy: Policy, tokenizer, data, cache, device, info) -> dict:

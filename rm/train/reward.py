@@ -16,7 +16,6 @@ with the model id, snapshot id and world size: `RewardRunConfig.from_record` rea
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from rm.model import device as devices
 from rm.train import lora
@@ -26,6 +25,7 @@ from rm.train.run import (
     Inputs,
     RunConfig,
     RunInputs,
+    base_model_folder,
     count_rows,
     new_plan,
     publish,
@@ -35,8 +35,6 @@ from rm.train.run import (
 
 # reference statistics in metrics.json (the files beside the weights hold all of them)
 HEADLINE_STATS = ("score_mean", "score_std", "length_correlation", "mahalanobis_p99", "covariance")
-TINY_LR, PRETRAINED_LR = 1e-3, 5e-5  # random init takes a larger step
-PRETRAINED_LORA_LR = 2e-4  # adapters start at zero and move a low-rank subspace: a larger step
 
 
 @dataclass
@@ -46,19 +44,15 @@ class RewardRunConfig(RunConfig):
     majority), `margin` (each pair's strength as a Bradley–Terry margin; the rows carry a `margin`
     column), `center` (reward-centering coefficient λ)."""
 
+    PRETRAINED_LR = 5e-5
+    PRETRAINED_LORA_LR = 2e-4  # adapters start at zero and move a low-rank subspace: a larger step
+
     soft_labels: bool = False
     margin: bool = False
     center: float = 0.0
 
     def objective(self):
         return bt_objective(self.soft_labels, self.margin, self.center)
-
-    def lr(self) -> float:
-        if self.train.lr is not None:
-            return self.train.lr
-        if self.base_model == "tiny":
-            return TINY_LR
-        return PRETRAINED_LORA_LR if self.lora.enabled else PRETRAINED_LR
 
 
 def train_reward_model(config: RewardRunConfig, inputs: Inputs) -> dict | None:
@@ -106,31 +100,23 @@ def _reference_stats(config: RewardRunConfig, plan: dict, device) -> dict | None
     return {k: v for k, v in stats.as_json().items() if k in HEADLINE_STATS}
 
 
-def _base_model(config: RewardRunConfig, plan: dict, rows: list[dict], info) -> str:
-    if config.base_model != "tiny":
-        return config.base_model
-    from rm.model.reward_model import build_tiny_reward_model
-    from rm.model.tokenizer import as_text
-    from rm.train.reward_data import row_prompt
-
-    base = str(Path(plan["partial"]) / "_work" / "tiny-base")
-    if info.is_main:
-        texts = [t for r in rows for t in (as_text(row_prompt(r)), r["chosen"], r["rejected"])]
-        build_tiny_reward_model(base, texts, seed=config.train.seed)
-    devices.barrier(info)
-    return base
-
-
 def _train(config: RewardRunConfig, plan: dict, device, info):
     from dataclasses import replace
 
-    from rm.model.reward_model import RewardNet, count_parameters, fit_max_length, load_backbone
+    from rm.model.reward_model import (
+        RewardNet,
+        build_tiny_reward_model,
+        count_parameters,
+        fit_max_length,
+        load_backbone,
+    )
     from rm.train import reward_data as data
 
     rows = read_rows(plan["pairs"])
     if config.margin and any("margin" not in r for r in rows):
         raise ValueError("margin=True needs a `margin` value in every row (rm.train.reward_data.pair_margins)")
-    hf_model, tokenizer = load_backbone(_base_model(config, plan, rows, info))
+    hf_model, tokenizer = load_backbone(
+        base_model_folder(config, plan, info, build_tiny_reward_model, rows))
     devices.set_threads(device, info, count_parameters(hf_model))
     max_length = fit_max_length(config.max_length, hf_model)
     pairs = data.tokenize_pairs(tokenizer, rows, max_length)

@@ -42,7 +42,10 @@ class RunConfig:
     `max_length` is cut to the base model's position limit. `val_fraction` of the prompts (split by
     prompt hash, rm/train/reward_data.py) is held out for validation. `wrapping` names how the loop wraps the
     model for several processes (rm/train/loop.py: WRAPPERS). `lora`: low-rank adapters instead of
-    full fine-tuning (rm/train/lora.py; rank 0: off)."""
+    full fine-tuning (rm/train/lora.py; rank 0: off). Each kind of run sets its default learning
+    rates for a pretrained base, PRETRAINED_LR and PRETRAINED_LORA_LR (`lr`)."""
+
+    TINY_LR = 1e-3  # random init takes a larger step than fine-tuning
 
     base_model: str = "tiny"
     out: str | None = None
@@ -66,6 +69,14 @@ class RunConfig:
         return cls(**{k: record[k] for k in own if k in record},
                    train=TrainConfig(**{k: record[k] for k in loop if k in record}),
                    lora=LoraSettings.from_record(record))
+
+    def lr(self) -> float:
+        """The peak learning rate: `train.lr`, or the default for the base model."""
+        if self.train.lr is not None:
+            return self.train.lr
+        if self.base_model == "tiny":
+            return self.TINY_LR
+        return self.PRETRAINED_LORA_LR if self.lora.enabled else self.PRETRAINED_LR
 
 
 @dataclass
@@ -113,6 +124,25 @@ def _plan_or_error(make_plan: Callable, inputs: Inputs) -> dict:
         return make_plan(inputs() if callable(inputs) else inputs)
     except ValueError as exc:
         return {"error": str(exc)}
+
+
+def base_model_folder(config: RunConfig, plan: dict, info, build: Callable, pairs: list[dict],
+                      feedback: list[dict] = ()) -> str:
+    """`config.base_model`, or for `tiny` a model that `build` (rm/model/reward_model.py:
+    build_tiny_reward_model or build_tiny_causal_lm) writes on rank 0 under the partial folder, its
+    tokenizer trained on the run's prompts and responses."""
+    if config.base_model != "tiny":
+        return config.base_model
+    from rm.model.tokenizer import as_text
+    from rm.train.reward_data import row_prompt
+
+    base = str(Path(plan["partial"]) / "_work" / "tiny-base")
+    if info.is_main:
+        texts = [t for r in pairs for t in (as_text(row_prompt(r)), r["chosen"], r["rejected"])]
+        texts += [t for r in feedback for t in (as_text(row_prompt(r)), r["completion"])]
+        build(base, texts, seed=config.train.seed)
+    devices.barrier(info)
+    return base
 
 
 def check_out_folder(folder: str | Path) -> Path:

@@ -45,7 +45,6 @@ ERROR_STATUS: list[tuple[type[BaseException], int]] = [
     (Unauthorized, 401),
     (runtime.Forbidden, 403),
     (runtime.NotFound, 404),
-    (runtime.Unavailable, 501),
     (runtime.NotReady, 503),
     (batcher.BatcherError, 503),
     (ValueError, 422),

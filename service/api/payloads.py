@@ -35,6 +35,17 @@ class PayloadError(ValueError):
         self.field, self.problem, self.status = field, problem, status
 
 
+def finite_number(x) -> bool:
+    """A number, not a bool, that is a finite float or an int that fits one (JSON allows 1e999 and
+    400-digit integers)."""
+    if isinstance(x, bool) or not isinstance(x, int | float):
+        return False
+    try:
+        return math.isfinite(x)
+    except OverflowError:
+        return False
+
+
 @dataclass(frozen=True)
 class Limits:
     """What one scoring request may hold. `max_request_chars` bounds the characters of all its

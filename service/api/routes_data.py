@@ -11,8 +11,8 @@ from starlette.responses import HTMLResponse, JSONResponse
 
 from service.api.deps import JsonBody, Keyed, Records, WebhookCaller
 from service.api.payloads import PayloadError
+from service.api.routes_store import store_call
 from service.api.webhook import webhook_event
-from service.engine.runtime import NotFound, Unavailable
 
 router = APIRouter()
 REPORT_TYPES = {"": "json", ".json": "json", ".html": "html"}
@@ -67,14 +67,12 @@ async def report(name: str, request: Request, caller: Keyed):
     kind = REPORT_TYPES.get(dot + ext)
     if kind is None:
         raise PayloadError("name", f"unknown report type {dot + ext!r}; use .json or .html", 404)
-    try:
-        from analysis.report import build_report, render_html
-    except ImportError:
-        raise Unavailable("reports are not available in this installation (analysis.report)") from None
+    from analysis.report import build_report, render_html
+
     snapshot = None if stem == "latest" else stem
     raters = request.query_params.get("raters")
     if snapshot is not None:
-        await _check_snapshot(svc, snapshot)
+        await store_call(svc, svc.store.snapshot_filter, snapshot)  # 404 for an unknown id
     if kind == "html":  # plotting is slow and matplotlib is not thread-safe: the store thread
         def page():
             return render_html(build_report(svc.store, raters=raters, snapshot_id=snapshot))
@@ -82,16 +80,6 @@ async def report(name: str, request: Request, caller: Keyed):
         return HTMLResponse(await svc.in_store(page))
     data = await svc.in_store(build_report, svc.store, raters=raters, snapshot_id=snapshot)
     return JSONResponse(_plain(data))
-
-
-async def _check_snapshot(svc, snapshot: str) -> None:
-    """404 for a snapshot the store does not hold (a missing thing, not a malformed request)."""
-    from annotation.store import StoreError
-
-    try:
-        await svc.in_store(svc.store.snapshot_filter, snapshot)
-    except StoreError as exc:
-        raise NotFound(str(exc)) from None
 
 
 def _plain(value):

@@ -38,7 +38,7 @@ def _writable(svc) -> None:
         raise Forbidden("this server is read-only (--read-only); send writes to the writer")
 
 
-async def _store_call(svc, fn, *args):
+async def store_call(svc, fn, *args):
     """`fn(*args)` on the store thread; a snapshot or model the store does not hold is 404."""
     from annotation.store import StoreError
 
@@ -96,7 +96,7 @@ async def rows(name: str, request: Request, caller: Keyed) -> Response:
                            "with .arrow or .parquet", 404)
     query = request.query_params
     snapshot = query.get("snapshot") or None
-    table = await _store_call(svc, _reader(svc.store, table_name, query), snapshot)
+    table = await store_call(svc, _reader(svc.store, table_name, query), snapshot)
     headers = {"X-Bradley-Snapshot": snapshot or ""}
     if fmt == "parquet":
         body = await svc.in_store(_parquet_bytes, table)  # the store thread: one file at a time

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 from rm.eval.benchmarks import BENCHMARKS
+from service.cli.model_refs import check_model_ref
 from service.client import MAX_ITEMS, ClientError
 
 REQUEST_BYTES = 4 * 1024 * 1024  # first guess at a /score body; halved while the server says 413
@@ -46,7 +47,8 @@ def run(args) -> int:
     if args.benchmark and not args.data:
         raise ValueError("--benchmark needs --data FILE: the benchmark's Parquet or JSONL file")
     if Path(args.model).is_dir():
-        check_model_folder(args.model)
+        check_model_ref(args.model, "model", fix="; pass a folder a reward model was saved to, or a "
+                        "registered model id (`bradley models list`)")
     if args.reference_stats and (args.server or args.benchmark):
         raise ValueError("--reference-stats reads hidden states of pairs: load the model here "
                          "(no --server) and evaluate pairs (no --benchmark)")
@@ -82,7 +84,9 @@ def _rows(args, config: dict) -> list[dict]:
         from rm.eval.pairs import load_pairs_file
 
         return load_pairs_file(args.data)
-    return _validation_rows(args, config)
+    from rm.eval.pairs import validation_split
+
+    return validation_split(_snapshot_pairs(args, config), config.get("val_fraction", 0.1))
 
 
 def _evaluate(args, scorer, rows: list[dict]) -> dict:
@@ -124,7 +128,9 @@ def _write_reference_stats(args, model, folder: str, config: dict, rows: list[di
         rows = [r for r, h in zip(rows, halves, strict=True) if h == "val"]
         source = f"--data {args.data}"
     else:
-        fit, source = _training_rows(args, config), f"snapshot {config['snapshot_id']}"
+        fraction, source = config.get("val_fraction", 0.1), f"snapshot {config['snapshot_id']}"
+        fit = [r for r in _snapshot_pairs(args, config)
+               if split_of(r["prompt_id"], fraction) == "train"]
     stats = compute_reference_stats(model, items(fit), items(rows), batch_size=args.batch_size,
                                     source=source)
     path = write_reference_stats(folder, stats)
@@ -132,14 +138,15 @@ def _write_reference_stats(args, model, folder: str, config: dict, rows: list[di
     return {**stats.as_json(), "path": str(path)}
 
 
-def _training_rows(args, config: dict) -> list[dict]:
-    """The pairs of the model's snapshot that training learned from."""
-    from rm.train.reward_data import split_of
+def _snapshot_pairs(args, config: dict) -> list[dict]:
+    """The pairs of the model's snapshot, which training split by prompt hash (`val_fraction`)."""
     from service.remote.stores import open_store
 
+    if not config.get("snapshot_id"):
+        raise ValueError("the model records no snapshot to take a validation split from; "
+                         "pass --data FILE")
     with open_store(args, read_only=True) as store:
-        rows = store.pairs(config["snapshot_id"]).to_pylist()
-    return [r for r in rows if split_of(r["prompt_id"], config.get("val_fraction", 0.1)) == "train"]
+        return store.pairs(config["snapshot_id"]).to_pylist()
 
 
 # --- the model: a folder, a registered id, or a server ----------------------------------------
@@ -155,13 +162,6 @@ def _folder_and_config(args) -> tuple[str, dict]:
     return _registered(args, args.model)
 
 
-def check_model_folder(folder: str) -> None:
-    """Refuse, in one line, a folder that holds no saved model (before anything is loaded)."""
-    if not (Path(folder) / "config.json").is_file():
-        raise ValueError(f"{folder} is not a model folder (no config.json); pass a folder a reward "
-                         "model was saved to, or a registered model id (`bradley models list`)")
-
-
 def _registered(args, model_id: str) -> tuple[str, dict]:
     """(folder, train config) of a registered model, its weights checked against the registry."""
     from rm.model.reward_model import TRAIN_CONFIG, read_json
@@ -175,27 +175,14 @@ def _registered(args, model_id: str) -> tuple[str, dict]:
 
 
 def _served_config(args) -> dict:
-    """The train config of the model a server serves: its folder's here, or its registered row's."""
-    from rm.model.reward_model import TRAIN_CONFIG, read_json
+    """The train config of the model a server serves: its folder's here, or its registered row's
+    (the folder is the server's and need not be here)."""
     from service.remote.stores import open_store
 
     if Path(args.model).is_dir():
-        return read_json(Path(args.model) / TRAIN_CONFIG)
+        return _folder_and_config(args)[1]
     with open_store(args, read_only=True) as store:
         return store.model(args.model).get("config") or {}
-
-
-def _validation_rows(args, config: dict) -> list[dict]:
-    """The pairs of the model's snapshot that training held out."""
-    from rm.eval.pairs import validation_split
-    from service.remote.stores import open_store
-
-    if not config.get("snapshot_id"):
-        raise ValueError("the model records no snapshot to take a validation split from; "
-                         "pass --data FILE")
-    with open_store(args, read_only=True) as store:
-        rows = store.pairs(config["snapshot_id"]).to_pylist()
-    return validation_split(rows, config.get("val_fraction", 0.1))
 
 
 def expected_model_id(model: str) -> str:

@@ -15,10 +15,9 @@ RewardBench 2's six subsets; a pairs file's subsets; the overall score last.
 from __future__ import annotations
 
 import html
-import io
 from pathlib import Path
 
-from analysis.report_html import STYLE, figure_tag
+from analysis.report_html import STYLE, _png, _pyplot, figure_tag
 from rm.eval.leaderboards import REWARDBENCH2_SUBSETS, REWARDBENCH_SECTIONS
 
 TITLES = {"rewardbench": "RewardBench", "rewardbench2": "RewardBench 2", None: "pairs"}
@@ -73,12 +72,7 @@ def plot_subsets(result: dict) -> bytes | None:
             for label, _, value, section in score_rows(result) if section is not None]
     if not bars:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on servers and CI
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 0.8 + 0.3 * len(bars)))
+    fig, ax = _pyplot().subplots(figsize=(7, 0.8 + 0.3 * len(bars)))
     ax.barh([b[0] for b in bars][::-1], [b[1] for b in bars][::-1], color=[b[2] for b in bars][::-1])
     if result.get("benchmark") != "rewardbench2":  # one pair: a coin scores ½
         ax.axvline(0.5, color="#888", lw=1, ls="--")
@@ -91,10 +85,7 @@ def plot_subsets(result: dict) -> bytes | None:
     ax.set_xlim(0, max(1.0, max(b[1] for b in bars)))
     ax.set_xlabel("accuracy" if result.get("benchmark") != "rewardbench2" else "score")
     ax.set_title(f"Per-subset scores: {TITLES[result.get('benchmark')]}")
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return buffer.getvalue()
+    return _png(fig)
 
 
 def render(result: dict) -> str:

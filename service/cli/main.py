@@ -25,16 +25,11 @@ from service.ports import PortInUse
 from service.remote.stores import open_store
 
 # Exit statuses (docs/getting-started.md lists them): 0 done, 1 an error (one line on stderr), 2 a
-# command line argparse refused or a feature not in this release, 3 a `report --fail-on` rule
-# crossed (analysis/report.py), 4 `serve`'s port is in use, 130 interrupted.
+# command line argparse refused, 3 a `report --fail-on` rule crossed (analysis/report.py), 4
+# `serve`'s port is in use, 130 interrupted.
 EXIT_ERROR = 1
-EXIT_UNAVAILABLE = 2
 EXIT_PORT_IN_USE = 4
 UVICORN_STARTUP_FAILURE = 3  # uvicorn's exit status when it cannot bind (the port taken meanwhile)
-
-
-class Unavailable(Exception):
-    """A subcommand that a later release provides."""
 
 
 def _print_json(obj) -> None:
@@ -315,9 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `bradley report | head -1`: the reader has what it wanted
         quiet_stdout()
         return 0
-    except Unavailable as exc:
-        print(f"bradley {name}: {exc}", file=sys.stderr)
-        return EXIT_UNAVAILABLE
     except PortInUse as exc:
         print(f"bradley {name}: error: {exc}", file=sys.stderr)
         return EXIT_PORT_IN_USE

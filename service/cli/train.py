@@ -118,13 +118,18 @@ def train_config(args):
     return TrainConfig(**{name: getattr(args, name) for name in LOOP_FLAGS})
 
 
+def _run_fields(args) -> dict:
+    """The fields both run configs take; `wrapping` is how a torchrun job spreads the model over
+    its processes (rm/train/loop.py WRAPPERS)."""
+    return {**{name: getattr(args, name) for name in RUN_FLAGS}, "train": train_config(args),
+            "wrapping": "fsdp" if args.fsdp else "ddp", "lora": lora_settings(args)}
+
+
 def reward_config(args):
     from rm.train.reward import RewardRunConfig
 
-    return RewardRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
-                           train=train_config(args), wrapping=_wrapping(args),
-                           lora=lora_settings(args), soft_labels=args.soft_labels,
-                           margin=args.margin, center=args.center)
+    return RewardRunConfig(**_run_fields(args), soft_labels=args.soft_labels, margin=args.margin,
+                           center=args.center)
 
 
 def policy_config(args):
@@ -133,14 +138,7 @@ def policy_config(args):
 
     objective = PoConfig(args.loss, args.beta, args.gamma, args.lam, args.label_smoothing,
                          args.robust, args.desirable_weight, args.undesirable_weight)
-    return PolicyRunConfig(**{name: getattr(args, name) for name in RUN_FLAGS},
-                           train=train_config(args), wrapping=_wrapping(args), objective=objective,
-                           lora=lora_settings(args))
-
-
-def _wrapping(args) -> str:
-    """rm/train/loop.py WRAPPERS: how a torchrun job spreads the model over its processes."""
-    return "fsdp" if args.fsdp else "ddp"
+    return PolicyRunConfig(**_run_fields(args), objective=objective)
 
 
 # --- the store's side --------------------------------------------------------------------------
@@ -150,10 +148,11 @@ def _snapshot_inputs(args, replaced: list) -> Callable:
     """`inputs()` for a run (called on rank 0 only): refuse a registered --out, freeze a snapshot
     and read its pairs (with margins for `--margin`), KTO feedback and the loss floors."""
     from rm.train.run import RunInputs
+    from service.engine.registry import refuse_registered_out
 
     def inputs() -> RunInputs:
         with open_store(args) as store:
-            replaced[:] = _replaced(store, args)
+            replaced[:] = refuse_registered_out(store, args.out, args.overwrite)
             snapshot_id = args.snapshot or store.create_snapshot(args.raters)
             pairs = store.pairs(snapshot_id)
             given = RunInputs(pairs=pairs, snapshot_id=snapshot_id, raters=args.raters)
@@ -164,16 +163,12 @@ def _snapshot_inputs(args, replaced: list) -> Callable:
                 return given
             if args.margin and pairs.num_rows:
                 given.pairs = _with_margins(store, snapshot_id, pairs)
-            given.floors = _floors(store, snapshot_id)
+            from analysis.cycles import loss_floors
+
+            given.floors = loss_floors(store.verdict_arrays(snapshot_id))
             return given
 
     return inputs
-
-
-def _replaced(store, args) -> list[str]:
-    from service.engine.registry import refuse_registered_out
-
-    return refuse_registered_out(store, args.out, args.overwrite)
 
 
 def _with_margins(store, snapshot_id: str, pairs):
@@ -183,12 +178,6 @@ def _with_margins(store, snapshot_id: str, pairs):
 
     margins = pair_margins(store.judgments(snapshot_id), pairs)
     return pairs.append_column("margin", pa.array(margins, pa.float64()))
-
-
-def _floors(store, snapshot_id: str) -> dict:
-    from analysis.cycles import loss_floors
-
-    return loss_floors(store.verdict_arrays(snapshot_id))
 
 
 class StoreRefCache:
@@ -207,19 +196,6 @@ class StoreRefCache:
             store.put_ref_logps(model_hash, template, rows)
 
 
-def _train_rm(args, inputs) -> dict | None:
-    from rm.train.reward import train_reward_model
-
-    return train_reward_model(reward_config(args), inputs)
-
-
-def _train_po(args, inputs) -> dict | None:
-    from rm.train.policy import train_policy
-
-    return train_policy(policy_config(args), inputs, ref_cache=StoreRefCache(args))
-
-
-RUNS = {"rm": _train_rm, "po": _train_po}
 BASE_MODEL_FIX = {"rm": "; pass a model folder, a hub id, `tiny`, or `bradley models prepare minilm`",
                   "po": "; pass a causal LM folder, a hub id, `tiny`, or `bradley models prepare "
                         "smollm2`"}
@@ -232,7 +208,15 @@ def run(args) -> int:
     check_model_ref(args.base_model, "--base-model", causal=args.kind == "po",
                     fix=BASE_MODEL_FIX[args.kind])
     replaced: list[str] = []
-    metrics = RUNS[args.kind](args, _snapshot_inputs(args, replaced))
+    inputs = _snapshot_inputs(args, replaced)
+    if args.kind == "rm":
+        from rm.train.reward import train_reward_model
+
+        metrics = train_reward_model(reward_config(args), inputs)
+    else:
+        from rm.train.policy import train_policy
+
+        metrics = train_policy(policy_config(args), inputs, ref_cache=StoreRefCache(args))
     if metrics is not None:  # None on non-zero ranks under torchrun
         say_how_it_stopped(args, metrics)
         say_what_was_cut(args, metrics)

@@ -269,14 +269,15 @@ class Batcher:
             job.done += 1
             if job.done == len(job.ids):
                 finished[id(job)] = job
-        _deliver(list(finished.values()))
+        deliver([(job.loop, job.future, job.error or job.scores) for job in finished.values()])
 
 
-def _deliver(jobs: list[_Job]) -> None:
-    """One thread-safe callback per event loop per forward, not one per request."""
+def deliver(results: list[tuple[asyncio.AbstractEventLoop, asyncio.Future, object]]) -> None:
+    """Resolve each (loop, future, result or exception) with one thread-safe callback per event
+    loop, not one per request."""
     by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-    for job in jobs:
-        by_loop.setdefault(job.loop, []).append((job.future, job.error or job.scores))
+    for loop, future, result in results:
+        by_loop.setdefault(loop, []).append((future, result))
     for loop, pairs in by_loop.items():
         try:
             loop.call_soon_threadsafe(_resolve, pairs)

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.engine.batcher import ShuttingDown, _resolve
+from service.engine.batcher import ShuttingDown, _resolve, deliver
 
 
 @dataclass(eq=False)
@@ -98,7 +98,8 @@ def _encode_round(taken: list[_Request]) -> None:
     for request in taken:
         by_model.setdefault(id(request.rm), []).append(request)
     results = [pair for group in by_model.values() for pair in _encode_group(group)]
-    _deliver([pair for pair in results if not _handed_on(*pair)])
+    deliver([(request.loop, request.future, result) for request, result in results
+             if not _handed_on(request, result)])
 
 
 def _encode_group(group: list[_Request]) -> list[tuple[_Request, object]]:
@@ -130,14 +131,3 @@ def _handed_on(request: _Request, result) -> bool:
         request.loop.call_soon_threadsafe(_resolve, [(request.future, exc)])
     return True
 
-
-def _deliver(results: list[tuple[_Request, object]]) -> None:
-    """One thread-safe callback per event loop, however many requests it waits for."""
-    by_loop: dict[asyncio.AbstractEventLoop, list] = {}
-    for request, result in results:
-        by_loop.setdefault(request.loop, []).append((request.future, result))
-    for loop, pairs in by_loop.items():
-        try:
-            loop.call_soon_threadsafe(_resolve, pairs)
-        except RuntimeError:  # the loop was closed; nobody is waiting any more
-            pass

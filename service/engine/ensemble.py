@@ -23,12 +23,11 @@ device from the hidden state of the same forward).
 from __future__ import annotations
 
 import hashlib
-import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from service.api.payloads import PayloadError
+from service.api.payloads import PayloadError, finite_number
 
 AGGREGATES = ("mean", "min", "uwo")
 
@@ -57,17 +56,9 @@ def parse_aggregation(value: dict, default: Aggregation) -> Aggregation:
     how, weight = value.get("aggregate", default.how), value.get("uncertainty_weight", default.weight)
     if how not in AGGREGATES:
         raise PayloadError("aggregate", f"must be one of {', '.join(AGGREGATES)}")
-    if isinstance(weight, bool) or not isinstance(weight, int | float) or not _finite(weight) \
-            or weight < 0:
+    if not finite_number(weight) or weight < 0:
         raise PayloadError("uncertainty_weight", "must be a finite number >= 0 (λ of mean − λ·std)")
     return Aggregation(how, float(weight))
-
-
-def _finite(x) -> bool:
-    try:
-        return math.isfinite(x)
-    except OverflowError:
-        return False
 
 
 @dataclass(frozen=True, eq=False)
@@ -173,9 +164,6 @@ class ScoreOptions:
 
     run: str = "default"
     aggregation: Aggregation | None = None
-
-
-WATCH_MODES = ("auto", "on", "off")
 
 
 def plan_lanes(members: list[Member], watch: str) -> tuple[tuple[Lane, ...], str | None]:

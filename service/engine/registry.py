@@ -4,7 +4,7 @@ Training publishes a folder and the edge registers it here with the weights' sha
 (rm/model/weights.py: weights_sha256, recorded in the row's metrics). Three rules keep an id honest:
 
 - training into the `--out` folder of a registered model is refused (`refuse_registered_out`);
-  with `--overwrite` it goes ahead, and the older ids are retired (`register` marks them
+  with `--overwrite` it goes ahead, and the older ids are retired (`register_record` marks them
   `config.retired_by`) once the new model is registered;
 - loading by id (`serve --model ID`, `POST /models/{id}/load`, `eval ID`) refuses a retired id and
   a folder whose weights no longer hash to what was registered (`check_row`);
@@ -36,15 +36,6 @@ def refuse_registered_out(store, out: str | None, overwrite: bool) -> list[str]:
                          "would change what that id serves. Choose another --out, or pass "
                          "--overwrite to replace it (the older id is retired)")
     return ids
-
-
-def register(store, metrics: dict, retire: list[str] = ()) -> str:
-    """Register a published model folder (its train_config.json is the row's config) and retire
-    the ids it replaced, in one transaction."""
-    from rm.model.reward_model import TRAIN_CONFIG, read_json
-
-    record = read_json(Path(metrics["path"]) / TRAIN_CONFIG)
-    return register_record(store, metrics["path"], record, metrics, retire)[0]
 
 
 def register_record(store, path: str, record: dict, metrics: dict,

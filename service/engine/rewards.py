@@ -42,7 +42,7 @@ from rm.verify.rules import (
     available,
     resolve,
 )
-from service.api.payloads import PayloadError, check_text, plain_strings
+from service.api.payloads import PayloadError, check_text, finite_number, plain_strings
 from service.engine.advantages import group_advantages, group_stats, keep_flags
 
 MAX_TESTS = 1000
@@ -94,24 +94,16 @@ def parse_weights(value, names: set[str]) -> dict[str, float] | None:
     for key, w in value.items():
         if key != "rm" and key not in names:
             raise PayloadError(f"weights.{key}", f"unknown component; use rm or one of {sorted(names)}")
-        if isinstance(w, bool) or not isinstance(w, int | float) or not _finite(w):
+        if not finite_number(w):
             raise PayloadError(f"weights.{key}", "must be a finite number")
     return {k: float(w) for k, w in value.items()}
-
-
-def _finite(x) -> bool:
-    """A finite float, or an int that fits one (JSON allows 1e999 and 400-digit integers)."""
-    try:
-        return math.isfinite(x)
-    except OverflowError:
-        return False
 
 
 def _ground_truth(value, where: str, limits):
     if isinstance(value, bool):
         raise PayloadError(where, "must be a string, a number or a list of test strings, not bool")
     if isinstance(value, int | float):
-        if not _finite(value):
+        if not finite_number(value):
             raise PayloadError(where, "must be a finite number")
         return value
     if isinstance(value, list):
@@ -315,11 +307,13 @@ async def combine(svc, prompts: list, responses: list[str], checks: list[CheckSp
     calls = [(c.verifier, r, c.ground_truth, c.options)
              for c, r in zip(checks, responses, strict=True) if c is not None]
     verify_task = svc.verifiers.averify(calls) if calls else _nothing()
+    model = rm = None
     if wants_rm:
-        (model, rm), results = await asyncio.gather(svc.score(prompts, responses, options),
-                                                    verify_task)
+        scored, results = await asyncio.gather(svc.score_detail(prompts, responses, options),
+                                               verify_task)
+        model, rm = scored.model, scored.scores
     else:  # verifier-only: no second task to schedule
-        (model, rm), results = (None, None), await verify_task
+        results = await verify_task
     it = iter(results)
     per_item_results = [next(it) if c is not None else None for c in checks]
     return assemble(checks, per_item, per_item_results, rm, model)

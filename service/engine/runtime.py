@@ -61,10 +61,6 @@ class NotFound(ValueError):
     """A named thing (model, report) does not exist (404)."""
 
 
-class Unavailable(ValueError):
-    """A route whose feature is not in this release, or whose module has not been installed (501)."""
-
-
 class RowsRefused(ValueError):
     """An upload with bad rows in abort mode: nothing was written (422). Worded for HTTP clients,
     who choose the mode with `?on_error=`, not the CLI's `--on-error`."""
@@ -236,11 +232,6 @@ class Service:
     def limits_for(self, caller) -> Limits:
         """The request limits of a caller (`service.api.deps.Caller`): a budget without a key."""
         return self.limits if caller.keyed else self.anon_limits
-
-    async def score(self, prompts: list, responses: list[str],
-                    options: ScoreOptions | None = None) -> tuple[str, list[float]]:
-        scored = await self.score_detail(prompts, responses, options)
-        return scored.model, scored.scores
 
     async def score_detail(self, prompts: list, responses: list[str],
                            options: ScoreOptions | None = None) -> Scored:

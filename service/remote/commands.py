@@ -32,6 +32,7 @@ import urllib.parse
 from annotation.ingest import formats
 from annotation.ingest.readers import ReadError, open_parts
 from service.client import ClientError, ScoreClient
+from service.remote import translated
 
 ROUTES = {"judgments": "judgments", "trl": "pairs", "hh": "pairs", "kto": "feedback"}
 UPLOAD_BYTES = 4 * 1024 * 1024  # half the server's default BRADLEY_MAX_BODY_BYTES
@@ -47,16 +48,10 @@ class Refused(ValueError):
 
 @contextlib.contextmanager
 def server(url: str, what: str):
-    """A client with the write key; the server's refusals and an unreachable server become the
-    ValueError / OSError the CLI prints as one line."""
-    try:
-        with ScoreClient(url, api_key=os.environ.get("BRADLEY_API_KEY"), retries=2) as client:
-            yield client
-    except ClientError as exc:
-        where = f" (field {exc.field})" if exc.field else ""
-        raise ValueError(f"{what}: the server refused it: {exc}{where}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        raise OSError(f"cannot reach {url}: {exc}") from None
+    """A client with the write key, its errors `translated`."""
+    with translated(url, what), ScoreClient(url, api_key=os.environ.get("BRADLEY_API_KEY"),
+                                            retries=2) as client:
+        yield client
 
 
 def ingest(args) -> int:

@@ -11,13 +11,12 @@ upload route `bradley --server URL ingest` uses). The key comes from BRADLEY_API
 
 from __future__ import annotations
 
-import contextlib
 import os
-import urllib.error
 import urllib.parse
 from pathlib import Path
 
-from service.client import ClientError, ScoreClient
+from service.client import ScoreClient
+from service.remote import translated
 
 
 class NoStore(ValueError):
@@ -149,17 +148,3 @@ class RemoteStore:
         if rows:
             self.call("POST", "/ref_logps", {"model_hash": model_hash, "template": template_hash,
                                              "rows": rows})
-
-
-@contextlib.contextmanager
-def translated(url: str, what: str | None = None):
-    """The server's refusals and an unreachable server as the ValueError / OSError the CLI prints
-    as one line."""
-    try:
-        yield
-    except ClientError as exc:
-        where = f" (field {exc.field})" if exc.field else ""
-        raise ValueError(f"{what or url}: the server refused it: {exc}{where}") from None
-    except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise OSError(f"cannot reach {url}: {reason}") from None

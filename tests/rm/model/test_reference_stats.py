@@ -18,7 +18,6 @@ from rm.model.reference_stats import (
     compute_reference_stats,
     fit_latent,
     read_reference_stats,
-    require_reference_stats,
     write_reference_stats,
 )
 from rm.model.reward_model import RewardModel, build_tiny_reward_model
@@ -115,9 +114,9 @@ def test_stats_of_a_tiny_model_written_beside_the_weights_and_read_back(tmp_path
 
 
 def test_a_model_without_stats_is_refused_with_the_command_that_computes_them(tmp_path):
-    with pytest.raises(MissingReferenceStats, match=r"bradley eval .* --reference-stats"):
-        require_reference_stats(tmp_path, "rm-x", "the watch compares served items with")
     assert read_reference_stats(tmp_path) is None
+    with pytest.raises(MissingReferenceStats, match=r"bradley eval .* --reference-stats"):
+        raise MissingReferenceStats("rm-x", str(tmp_path), "the watch compares served items with")
 
 
 def test_training_writes_the_reference_statistics_of_its_best_checkpoint(tmp_path):

@@ -18,7 +18,6 @@ from io import StringIO
 import httpx
 import pytest
 
-from service.cli import train as cli_train
 from service.cli.main import main
 from service.ports import free_port
 from tests.service.conftest import HH_FILE, ROOT
@@ -53,14 +52,16 @@ def _stop(process: subprocess.Popen) -> None:
 
 def test_train_rm_that_finds_the_store_locked_at_the_end_says_how_to_register(hh_db, tmp_path,
                                                                              monkeypatch, capsys):
-    holders, trained = [], cli_train.RUNS["rm"]
+    from rm.train import reward
 
-    def then_locked(args, inputs):
-        metrics = trained(args, inputs)
+    holders, trained = [], reward.train_reward_model
+
+    def then_locked(config, inputs):
+        metrics = trained(config, inputs)
         holders.append(_hold(hh_db))  # a server started while the run trained
         return metrics
 
-    monkeypatch.setitem(cli_train.RUNS, "rm", then_locked)
+    monkeypatch.setattr(reward, "train_reward_model", then_locked)
     folder = tmp_path / "rm-out"
     try:
         status = main(["--db", hh_db, "train", "rm", "--out", str(folder), *TRAIN])
