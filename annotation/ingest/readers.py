@@ -104,7 +104,15 @@ def _mapped(path: Path, size: int) -> Iterator[mmap.mmap]:
     with open(path, "rb") as fh:
         end = os.fstat(fh.fileno()).st_size
         for start in range(0, end, size):
+            _read_ahead(fh, start + size, size)
             yield mmap.mmap(fh.fileno(), min(size, end - start), offset=start, **_MAP_OPTIONS)
+
+
+def _read_ahead(fh, start: int, size: int) -> None:
+    """Ask the OS to read the next window from disk while this one is used (mapping a window that
+    is not in the page cache waits for the disk)."""
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fh.fileno(), start, size, os.POSIX_FADV_WILLNEED)
 
 
 def finished(value) -> Future:
@@ -249,6 +257,7 @@ def _mapped_blocks(path: Path, size: int, max_depth: int | None = None) -> Itera
                 window.close()
                 want *= 2  # a line longer than the block
             stop = stop or length
+            _read_ahead(fh, base + stop, size)
             _check_depth(window, stop, max_depth)
             yield pa.py_buffer(window)[start - base:stop]
             start = base + stop
