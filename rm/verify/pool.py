@@ -260,9 +260,10 @@ class VerifierPool:
         if culprit is not None:
             self._answer([(job, culprit, Check(0.0, None, False, status, detail=detail))])
         rest = [i for i in range(len(job.calls)) if i != culprit]
-        if rest:
+        for start in range(0, len(rest), self.chunk):  # in chunks: the other workers share them
+            part = rest[start:start + self.chunk]
             job.request.add_chunk()
-            again = _Job([job.calls[i] for i in rest], [job.where[i] for i in rest], job.request)
+            again = _Job([job.calls[i] for i in part], [job.where[i] for i in part], job.request)
             again.retried = retried
             self._put(0, again)
 
