@@ -100,17 +100,6 @@ class Store(SnapshotQueries):
         finally:
             self.con.execute(f"SET memory_limit = '{previous}'")
 
-    @contextmanager
-    def unordered_inserts(self) -> Iterator[None]:
-        """Let a bulk INSERT write from all DuckDB's threads, its rows stored in any order, then
-        restore the setting. Nothing reads rows in insertion order: queries order by batch and id.
-        (In order, a 1M-row ingest took ~15% longer, most of its judgments' INSERT on one thread.)"""
-        self.con.execute("SET preserve_insertion_order = false")
-        try:
-            yield
-        finally:
-            self.con.execute("SET preserve_insertion_order = true")
-
     def _migrate(self) -> None:
         """Apply schema.sql, then each upgrade from the store's version (annotation/migrations.py),
         each in its own transaction, logging what it did (and keeping it in `migrations`)."""

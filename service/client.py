@@ -15,10 +15,8 @@ Per-item fields that a verifier may use (FORWARDED: ground_truth, verifier, data
 each item when the trainer supplies them; keywords that mean nothing here are accepted and ignored.
 Transient failures (connection errors, 502/503/504) are retried with exponential back-off; a 4xx
 raises ClientError carrying the server's message and field at once. Env BRADLEY_RUN names the run.
-
 A batch larger than one request may hold goes as several, of whole groups, by the server's
-GET /limits (asked once); a body over the limit is refused here as 413 naming it.
-"""
+GET /limits (asked once); a body over the limit is refused here as 413 naming it."""
 
 from __future__ import annotations
 

@@ -203,7 +203,7 @@ def _check_new(store, sha: str) -> None:
 
 def _write(store, source: str, sha: Future, fill: Callable, opts: _Options) -> IngestResult:
     """One transaction: the batch row, its rows and rejects; an exception rolls all of it back."""
-    with store.memory_limit(INGEST_MEMORY), store.unordered_inserts(), store.transaction() as cur:
+    with store.memory_limit(INGEST_MEMORY), bulk.unordered(store.con), store.transaction() as cur:
         writer, marks = _Writer(store, cur, source, sha, opts), bulk.row_marks(cur)
         try:
             fill(writer)

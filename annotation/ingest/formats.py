@@ -66,9 +66,7 @@ class RowError(ValueError):
         self.field = field
 
 
-# --- detection --------------------------------------------------------------------------------
-
-# First match wins: the columns a format needs.
+# Format detection, first match wins: the columns a format needs.
 SIGNATURES: list[tuple[frozenset, str]] = [
     (frozenset({"annotations", "data"}), "label-studio"),
     (frozenset({"annotation_id", "annotator"}), "label-studio"),

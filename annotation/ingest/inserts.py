@@ -9,6 +9,7 @@ module that writes SQL. Staged tables are read by DuckDB's replacement scan unde
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import duckdb
@@ -50,7 +51,7 @@ _REPEATED = {
                "GROUP BY id HAVING count(*) > 1)",
     # responses of those prompts (a response id hashes its prompt's), then those the batch wrote twice
     "responses": "prompt_id IN (SELECT id FROM _bradley_ids)",
-    # ids the batch wrote twice, narrowed by their 64-bit hash (grouping those is ~2x cheaper than strings)
+    # ids the batch wrote twice, narrowed by their 64-bit hash (cheaper to group than the strings)
     "responses_in_batch": "rowid > $1 AND hash(id) IN (SELECT hash(id) FROM responses WHERE rowid > $1 "
                           "GROUP BY ALL HAVING count(*) > 1)",
     "judgments_in_batch": "batch_id = $1 AND hash(id) IN (SELECT hash(id) FROM judgments WHERE batch_id = $1 "
@@ -112,6 +113,18 @@ def insert_stream(cur, kind: str, chunks: Iterator[pa.Table], begin: Callable[[]
             _bradley_stage = spool.rest()  # noqa: F841 (read by name, as above)
             cur.execute(statement, [batch_id] if "$1" in statement else [])
         del _bradley_stage  # close the spooled file before its folder goes
+
+
+@contextmanager
+def unordered(cur) -> Iterator[None]:
+    """A batch's INSERTs on all DuckDB's threads, their rows stored in any order (nothing reads rows
+    in insertion order: queries order by batch and id). Around the transaction, not in it: an
+    aborted transaction refuses even the SET that restores the setting."""
+    cur.execute("SET preserve_insertion_order = false")
+    try:
+        yield
+    finally:
+        cur.execute("SET preserve_insertion_order = true")
 
 
 def row_marks(cur) -> dict[str, int]:

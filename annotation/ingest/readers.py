@@ -98,9 +98,8 @@ _MAP_OPTIONS = ({"flags": mmap.MAP_SHARED | mmap.MAP_POPULATE, "prot": mmap.PROT
 
 
 def _mapped(path: Path, size: int) -> Iterator[mmap.mmap]:
-    """A file as consecutive maps of `size` bytes. Mapped, the page cache is read in place: reading
-    copied every byte once more (a third of the CPU of reading and parsing a 13 GB file). One map
-    at a time stays bounded in memory (mapped pages count in the process's RSS)."""
+    """A file as consecutive maps of `size` bytes: the page cache is read in place, where read()
+    copied every byte once more. One map at a time keeps memory bounded (mapped pages count in RSS)."""
     with open(path, "rb") as fh:
         end = os.fstat(fh.fileno()).st_size
         for start in range(0, end, size):
@@ -109,8 +108,7 @@ def _mapped(path: Path, size: int) -> Iterator[mmap.mmap]:
 
 
 def _read_ahead(fh, start: int, size: int) -> None:
-    """Ask the OS to read the next window from disk while this one is used (mapping a window that
-    is not in the page cache waits for the disk)."""
+    """Have the OS read the next window while this one is used: mapping uncached pages waits for the disk."""
     if hasattr(os, "posix_fadvise"):
         os.posix_fadvise(fh.fileno(), start, size, os.POSIX_FADV_WILLNEED)
 
