@@ -37,6 +37,7 @@ from annotation.ingest.records import (
     Record,
     batch_records,
     csv_records,
+    is_gzip,
     json_records,
     jsonl_records,
     open_binary,
@@ -44,7 +45,6 @@ from annotation.ingest.records import (
 
 __all__ = ["ReadError", "Record", "Part", "open_parts", "read_ahead", "finished", "sha256_in_background"]
 
-GZIP_MAGIC = b"\x1f\x8b"
 PARQUET_MAGIC = b"PAR1"
 BATCH_BYTES = 32 << 20  # JSON/CSV block size: ~20k rows of ~1.5 kB per chunk, bounded memory
 BATCH_ROWS = 20_000
@@ -160,13 +160,8 @@ def file_kind(path: Path) -> str:
     return {b"[": "json", b"{": "jsonl"}.get(first, "csv")
 
 
-def _gzipped(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        return fh.read(2) == GZIP_MAGIC
-
-
 def _stream(path: Path) -> pa.NativeFile:
-    return pa.input_stream(str(path), compression="gzip" if _gzipped(path) else None)
+    return pa.input_stream(str(path), compression="gzip" if is_gzip(path) else None)
 
 
 # --- columnar reads ---------------------------------------------------------------------------
@@ -182,7 +177,7 @@ def _jsonl_batches(path: Path) -> Iterator[pa.RecordBatch]:
     # faster); a later row with another type there fails the parse, and the precise path decides.
     options, parse = pj.ReadOptions(block_size=BATCH_BYTES // 4, use_threads=True), pj.ParseOptions()
     with contextlib.ExitStack() as stack:
-        if _gzipped(path):
+        if is_gzip(path):
             blocks = _line_blocks(stack.enter_context(_stream(path)), BATCH_BYTES, MAX_COLUMNAR_DEPTH)
         else:
             blocks = _mapped_blocks(path, BATCH_BYTES, MAX_COLUMNAR_DEPTH)
@@ -196,11 +191,11 @@ def _jsonl_batches(path: Path) -> Iterator[pa.RecordBatch]:
 
 
 def _line_blocks(stream, size: int, max_depth: int | None = None) -> Iterator[pa.Buffer]:
-    """The stream in blocks of about `size` bytes that end at a newline (a longer line: one block).
-    A seekable stream re-reads the unfinished last line rather than copying the block to prepend it.
-    A block with a line that may nest deeper than `max_depth` raises ArrowInvalid (_may_nest_deeper).
-    Two buffers are filled in turn, so a block must be done with by the time the one after it is
-    read (the parse copies what it keeps): a fresh block per read cost a zeroed page per 4 kB.
+    """A stream (a gzip file's) in blocks of about `size` bytes that end at a newline (a longer
+    line: one block); the unfinished last line starts the next block. A block with a line that may
+    nest deeper than `max_depth` raises ArrowInvalid (_may_nest_deeper). Two buffers are filled in
+    turn, so a block must be done with by the time the one after it is read (the parse copies what
+    it keeps): a fresh block per read cost a zeroed page per 4 kB.
 
     >>> [b.to_pybytes() for b in _line_blocks(io.BytesIO(b'{"a": 1}\\n{"a": 22}\\n{"a"'), 12)]
     [b'{"a": 1}\\n', b'{"a": 22}\\n', b'{"a"']
@@ -215,14 +210,9 @@ def _line_blocks(stream, size: int, max_depth: int | None = None) -> Iterator[pa
         if got == len(head):
             break
         cut = buf.rfind(b"\n", 0, got) + 1
+        head = bytes(buf[cut:got])
         if cut == 0:
-            head = bytes(buf[:got])
             continue
-        head = b""
-        if stream.seekable():
-            stream.seek(stream.tell() - (got - cut))
-        else:
-            head = bytes(buf[cut:got])
         _check_depth(buf, cut, max_depth)
         yield pa.py_buffer(buf)[:cut]  # a zero-copy slice
         turn ^= 1

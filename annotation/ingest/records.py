@@ -54,10 +54,13 @@ class Record:
     problem: str | None = None  # "field: what is wrong" when the row could not be parsed
 
 
-def open_binary(path: Path):
+def is_gzip(path: Path) -> bool:
     with open(path, "rb") as fh:
-        gz = fh.read(2) == GZIP_MAGIC
-    return gzip.open(path, "rb") if gz else open(path, "rb")
+        return fh.read(2) == GZIP_MAGIC
+
+
+def open_binary(path: Path):
+    return gzip.open(path, "rb") if is_gzip(path) else open(path, "rb")
 
 
 def jsonl_records(path: Path) -> Iterator[Record]:

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from service.engine.batcher import ShuttingDown, _resolve, deliver
+from service.engine.batcher import ShuttingDown, deliver
 
 
 @dataclass(eq=False)
@@ -128,6 +128,6 @@ def _handed_on(request: _Request, result) -> bool:
     try:
         request.then(result, request.future, request.loop)
     except Exception as exc:  # noqa: BLE001 - QueueFull/ShuttingDown: this request's answer
-        request.loop.call_soon_threadsafe(_resolve, [(request.future, exc)])
+        deliver([(request.loop, request.future, exc)])
     return True
 
